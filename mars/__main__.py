@@ -1,0 +1,3 @@
+from mars.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""Confidence measures and the MARS acceptance rule, as small pure tensor functions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+CONFIDENCE_MEASURES = ("prob", "entropy", "margin")
+
+
+def choose_and_score(
+    logits: torch.Tensor, measure: str = "prob", temperature: float = 0.0, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick a token per position and score how confident the model is in it.
+
+    logits: (..., V) -> (tokens (...), confidence (...)), confidence in [0, 1]:
+      prob    : p(token)                      (the paper's default)
+      entropy : exp(-H(p)), 1 / perplexity of the distribution: 1.0 for a one-hot, ~p for a peaked one
+      margin  : p(top1) - p(top2)
+    Greedy when temperature == 0, otherwise a seeded sample from softmax(logits / temperature); the
+    confidence is always measured on the untempered distribution, so tau means the same in both.
+    """
+    if measure not in CONFIDENCE_MEASURES:
+        raise ValueError(f"confidence measure must be one of {CONFIDENCE_MEASURES}, got {measure!r}")
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    probs = logp.exp()
+    if temperature > 0:
+        flat = torch.softmax(logits.float().reshape(-1, logits.shape[-1]) / temperature, dim=-1)
+        tokens = torch.multinomial(flat, 1, generator=generator).reshape(logits.shape[:-1])
+    else:
+        tokens = logits.argmax(dim=-1)
+    if measure == "prob":
+        conf = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    elif measure == "entropy":
+        entropy = -(probs * logp).nan_to_num().sum(-1)
+        conf = torch.exp(-entropy)
+    else:
+        top2 = probs.topk(2, dim=-1).values
+        conf = top2[..., 0] - top2[..., 1]
+    return tokens, conf
+
+
+def accept_lengths(conf: torch.Tensor, tau: float, max_per_pass: int | None = None) -> torch.Tensor:
+    """How many proposals each row accepts.
+
+    conf: (b, n) confidences of the n proposals of a pass, left to right; column 0 is the ordinary AR
+    token. Rule: accept column 0 always, then columns 1, 2, ... while every confidence so far is >= tau.
+    tau >= 1 accepts column 0 only: that is exactly AR decoding, even where a float probability rounds to
+    1.0 (a saturated probability is not a guarantee that the draft equals the AR token).
+    Returns (b,) long in [1, n] (or [1, max_per_pass]).
+    """
+    n = conf.shape[-1]
+    if tau >= 1.0 or n == 1:
+        lengths = torch.ones(conf.shape[:-1], dtype=torch.long)
+    else:
+        run = torch.cumprod((conf[..., 1:] >= tau).long(), dim=-1)  # 1 while the chain is unbroken
+        lengths = 1 + run.sum(-1)
+    if max_per_pass is not None:
+        lengths = lengths.clamp(max=max(1, int(max_per_pass)))
+    return lengths
+
+
+def is_finite_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

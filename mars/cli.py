@@ -1,0 +1,135 @@
+"""`python -m mars {generate,train}`: the command line over the library.
+
+Errors exit non-zero with one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _add_model_args(p: argparse.ArgumentParser):
+    p.add_argument("--model", default=None, help="Hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--adapter", default="auto", help="adapter folder, 'none' for the bare model (default: shipped adapter)")
+    p.add_argument("--mask-token", default=None, help="mask token string or id (default: the tokenizer's)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
+    p.add_argument("--dtype", default="float32")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m mars", description="MARS multi-token generation")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate answers to prompts")
+    g.add_argument("prompts", nargs="+", help="one user message per prompt")
+    _add_model_args(g)
+    g.add_argument("--mode", default="mars", choices=["mars", "ar"])
+    g.add_argument("--tau", type=float, default=0.9)
+    g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--confidence", default="prob", choices=["prob", "entropy", "margin"])
+    g.add_argument("--max-tokens-per-pass", type=int, default=None)
+    g.add_argument("--cache-block", type=int, default=32)
+    g.add_argument("--batch", action="store_true", help="decode all prompts as one batch")
+    g.add_argument("--no-cache", action="store_true", help="recompute everything every pass (reference path)")
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--system", default=None, help="a system message (none is added otherwise)")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+
+    t = sub.add_parser("train", help="fine-tune a model with the MARS objective")
+    t.add_argument("--data", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--model", default=None)
+    t.add_argument("--adapter", default=None, help="continue from this LoRA adapter")
+    t.add_argument("--mask-token", default=None)
+    t.add_argument("--block-size", type=int, default=4)
+    t.add_argument("--method", default="lora", choices=["lora", "full"])
+    t.add_argument("--lora-r", type=int, default=32)
+    t.add_argument("--lora-alpha", type=int, default=64)
+    t.add_argument("--lr", type=float, default=2e-4)
+    t.add_argument("--schedule", default="cosine", choices=["cosine", "linear", "constant"])
+    t.add_argument("--warmup-ratio", type=float, default=0.03)
+    t.add_argument("--epochs", type=float, default=1.0)
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--max-minutes", type=float, default=None)
+    t.add_argument("--batch-size", type=int, default=2)
+    t.add_argument("--grad-accum", type=int, default=4)
+    t.add_argument("--max-length", type=int, default=512)
+    t.add_argument("--keep-prompt-noisy", action="store_true", help="also feed noisy copies of prompt blocks")
+    t.add_argument("--skip-last-slot", action="store_true")
+    t.add_argument("--save-every", type=int, default=25)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=0)
+    t.add_argument("--dtype", default="float32")
+    return ap
+
+
+def cmd_generate(args) -> int:
+    from mars.decoding import DecodeConfig, GenerationResult, encode_prompt, generate_ids
+    from mars.loading import load
+
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    for w in lm.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    block = args.block_size or lm.trained_block_size or 4
+    cfg = DecodeConfig(
+        mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
+        max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
+        cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
+        temperature=args.temperature, seed=args.seed,
+    )
+    prompts = [p for p in args.prompts]
+    if any(not p.strip() for p in prompts):
+        raise ValueError("empty prompt: give some text to answer")
+    ids = [encode_prompt(lm.tokenizer, p, args.system) for p in prompts]
+    results: list[GenerationResult]
+    if args.batch:
+        results = generate_ids(lm, ids, cfg)
+    else:
+        results = [generate_ids(lm, [i], cfg)[0] for i in ids]
+    for prompt, res in zip(prompts, results):
+        if args.json:
+            print(json.dumps({"prompt": prompt, "mode": cfg.mode, "tau": cfg.tau, "block_size": block, **res.to_dict()}))
+        else:
+            print(res.text)
+            print(
+                f"[{cfg.mode} tau={cfg.tau} B={block}: {len(res.token_ids)} tokens in {res.forwards} forwards, "
+                f"{res.tokens_per_forward:.2f} tokens/forward, {res.seconds:.2f} s]",
+                file=sys.stderr,
+            )
+    return 0
+
+
+def cmd_train(args) -> int:
+    from mars.train import TrainConfig, train
+
+    cfg = TrainConfig(
+        data=args.data, out=args.out, model=args.model, adapter=args.adapter, mask_token=args.mask_token,
+        block_size=args.block_size, method=args.method, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
+        lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
+        max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,
+        grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
+        skip_last_slot=args.skip_last_slot, save_every=args.save_every, seed=args.seed, threads=args.threads,
+        dtype=args.dtype,
+    )
+    state = train(cfg)
+    print(json.dumps({"out": args.out, **state}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from mars.loading import LoadError
+
+    try:
+        return {"generate": cmd_generate, "train": cmd_train}[args.command](args)
+    except (LoadError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130

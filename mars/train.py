@@ -1,0 +1,220 @@
+"""The MARS trainer: LoRA or full fine-tuning, resumable, and unchanged under `accelerate launch`.
+
+    python -m mars train --data train.jsonl --out runs/x --block-size 4 --method lora --lr 2e-4
+    accelerate launch --cpu --num_processes 2 -m mars train --data ... --out ...
+
+Checkpoints (`<out>/checkpoint/`: model, optimizer, scheduler and RNG state via accelerate, plus
+trainer_state.json) are written every `save_every` optimizer steps and at the end; rerunning the same
+command resumes from there, skipping the batches already seen. The final adapter (peft safetensors,
+with mars.json: block size, mask token, base model, recipe) is what `mars.loading.load(adapter=...)`
+takes back; full fine-tuning writes a whole model folder for `--model`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class TrainConfig:
+    data: str  # chat-format JSONL (see mars.data)
+    out: str  # output folder: adapter or model, log.jsonl, checkpoint/
+    model: str | None = None  # None = the embedded default (SmolLM2-135M-Instruct)
+    adapter: str | None = None  # continue training from this adapter (LoRA only)
+    mask_token: str | None = None  # overrides the model's mask token
+    block_size: int = 4  # B of the training mask; inference uses up to B proposals per pass
+    method: str = "lora"  # "lora" (small shippable delta) or "full"
+    lora_r: int = 32
+    lora_alpha: int = 64
+    lora_dropout: float = 0.0
+    lora_targets: tuple[str, ...] = LORA_TARGETS  # all 7 projections: the trial that learned fastest
+    lr: float = 2e-4
+    schedule: str = "cosine"  # "cosine", "linear" or "constant", after linear warm-up
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    epochs: float = 1.0
+    max_steps: int | None = None  # optimizer steps; overrides epochs
+    max_minutes: float | None = None  # stop cleanly after this wall time (equal-time comparisons)
+    batch_size: int = 2  # sequences per micro-batch per process
+    grad_accum: int = 4
+    max_length: int = 512  # clean tokens per sequence (the forward sees up to 2x this)
+    drop_prompt_noisy: bool = True  # noisy copies of whole prompt blocks carry no loss: skip them
+    skip_last_slot: bool = False  # drop the loss of the last noisy slot per block (inference never uses it)
+    save_every: int = 25  # optimizer steps between checkpoints
+    seed: int = 0
+    threads: int = 0  # torch threads per process (0 = default)
+    dtype: str = "float32"
+    extra: dict = field(default_factory=dict)  # free-form notes recorded in mars.json
+
+    def __post_init__(self):
+        if self.method not in ("lora", "full"):
+            raise ValueError(f"method must be 'lora' or 'full', got {self.method!r}")
+        if self.schedule not in ("cosine", "linear", "constant"):
+            raise ValueError(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
+        for name in ("block_size", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if not self.lr > 0:
+            raise ValueError("lr must be > 0")
+        self.lora_targets = tuple(self.lora_targets)
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.5 * (1 + math.cos(math.pi * progress)) if schedule == "cosine" else 1.0 - progress
+    return f
+
+
+def train(cfg: TrainConfig) -> dict:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    from mars.data import load_examples
+    from mars.loading import load
+    from mars.objective import build_batch, forward_batch, mars_loss
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available())
+    set_seed(cfg.seed)
+    out = Path(cfg.out)
+    ckpt = out / "checkpoint"
+    lm = load(cfg.model, adapter="none", mask_token=cfg.mask_token, dtype=cfg.dtype)
+    if lm.mask_token_id is None:
+        raise ValueError("training MARS needs a mask token: pass --mask-token")
+    tok, model = lm.tokenizer, lm.model
+    eos_id = lm.eos_token_ids[0]
+    examples = load_examples(cfg.data, tok, eos_id, cfg.max_length)
+
+    if cfg.method == "lora":
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if cfg.adapter:
+            model = PeftModel.from_pretrained(model, cfg.adapter, is_trainable=True)
+        else:
+            lcfg = LoraConfig(
+                r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM",
+            )
+            model = get_peft_model(model, lcfg)
+    model.train()
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False
+
+    def collate(batch):
+        return build_batch(
+            batch, cfg.block_size, lm.mask_token_id, eos_id, cfg.max_length,
+            cfg.drop_prompt_noisy, cfg.skip_last_slot,
+        )
+
+    gen = torch.Generator().manual_seed(cfg.seed)
+    loader = torch.utils.data.DataLoader(examples, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=gen)
+    steps_per_epoch = math.ceil(len(loader) / (cfg.grad_accum * acc.num_processes))
+    total = cfg.max_steps or max(1, int(steps_per_epoch * cfg.epochs))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg.schedule, int(cfg.warmup_ratio * total), total))
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+
+    state = {"step": 0, "epoch": 0, "batches_in_epoch": 0, "seconds": 0.0, "sequences": 0}
+    if (ckpt / "trainer_state.json").is_file():
+        acc.load_state(str(ckpt))
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        acc.print(f"resuming from {ckpt} at step {state['step']}")
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "log.jsonl"
+
+    def save_checkpoint():
+        acc.wait_for_everyone()
+        acc.save_state(str(ckpt))
+        if acc.is_main_process:
+            (ckpt / "trainer_state.json").write_text(json.dumps(state))
+
+    bar = tqdm(total=total, initial=state["step"], disable=not acc.is_local_main_process, desc="mars train")
+    t_start = time.time() - state["seconds"]
+    run = {"noisy": 0.0, "clean": 0.0, "n": 0}
+    stop = state["step"] >= total
+    while not stop:
+        loader.set_epoch(state["epoch"]) if hasattr(loader, "set_epoch") else None
+        skip = state["batches_in_epoch"]
+        epoch_loader = acc.skip_first_batches(loader, skip) if skip else loader
+        for batch in epoch_loader:
+            with acc.accumulate(model):
+                logits = forward_batch(model, batch)
+                losses = mars_loss(logits, batch)
+                acc.backward(losses["loss"])
+                if acc.sync_gradients:
+                    acc.clip_grad_norm_(params, 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            state["batches_in_epoch"] += 1
+            state["sequences"] += batch.input_ids.shape[0] * acc.num_processes
+            run["noisy"] += losses["noisy"].item()
+            run["clean"] += losses["clean"].item()
+            run["n"] += 1
+            if not acc.sync_gradients:
+                continue
+            state["step"] += 1
+            state["seconds"] = time.time() - t_start
+            row = {
+                "step": state["step"], "noisy": run["noisy"] / run["n"], "clean": run["clean"] / run["n"],
+                "lr": sched.get_last_lr()[0], "seconds": round(state["seconds"], 1), "sequences": state["sequences"],
+            }
+            run = {"noisy": 0.0, "clean": 0.0, "n": 0}
+            if acc.is_main_process:
+                with log_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            bar.update(1)
+            bar.set_postfix(noisy=f"{row['noisy']:.3f}", clean=f"{row['clean']:.3f}")
+            out_of_time = cfg.max_minutes is not None and state["seconds"] > 60 * cfg.max_minutes
+            if state["step"] >= total or out_of_time:
+                stop = True
+                break
+            if state["step"] % cfg.save_every == 0:
+                save_checkpoint()
+        else:
+            state["epoch"] += 1
+            state["batches_in_epoch"] = 0
+    bar.close()
+    save_checkpoint()
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        _save_final(acc.unwrap_model(model), tok, lm, cfg, state, out)
+    acc.wait_for_everyone()
+    return state
+
+
+def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path):
+    from mars.loading import MARS_META
+
+    meta = {
+        "base_model": lm.name,
+        "block_size": cfg.block_size,
+        "mask_token": lm.mask_token,
+        "method": cfg.method,
+        "steps": state["step"],
+        "sequences": state["sequences"],
+        "train_seconds": round(state["seconds"], 1),
+        "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")},
+    }
+    if cfg.method == "lora":
+        model.save_pretrained(out, safe_serialization=True)
+    else:
+        model.save_pretrained(out / "model", safe_serialization=True)
+        tok.save_pretrained(out / "model")
+        (out / "model" / MARS_META).write_text(json.dumps(meta, indent=2))
+    (out / MARS_META).write_text(json.dumps(meta, indent=2))

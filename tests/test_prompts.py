@@ -1,0 +1,109 @@
+"""Checks on the prompt sets written by scripts/build_prompts.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = ROOT / "data" / "prompts"
+EXAMPLES = ROOT / "assets" / "examples.json"
+KINDS = [
+    "facts", "lists", "definitions", "explanations", "howto",
+    "creative", "math", "code", "rewrite", "translate",
+]
+
+
+def norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def builder():
+    spec = importlib.util.spec_from_file_location("build_prompts", ROOT / "scripts" / "build_prompts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def data():
+    return {
+        "train": load_jsonl(PROMPTS / "train.jsonl"),
+        "heldout": load_jsonl(PROMPTS / "heldout.jsonl"),
+        "known_answers": load_jsonl(PROMPTS / "known_answers.jsonl"),
+        "examples": json.loads(EXAMPLES.read_text(encoding="utf-8")),
+    }
+
+
+def test_enough_distinct_prompts(data):
+    prompts = [r["prompt"] for r in data["train"] + data["heldout"]]
+    assert len({norm(p) for p in prompts}) == len(prompts)
+    assert len(prompts) >= 3000
+
+
+def test_heldout_size_and_stratified(data):
+    assert len(data["heldout"]) >= 100
+    held_kinds = {r["kind"] for r in data["heldout"]}
+    assert held_kinds == set(KINDS)
+
+
+def test_schema(data):
+    for split in ("train", "heldout"):
+        for r in data[split]:
+            assert set(r) == {"id", "kind", "prompt"}
+            assert r["kind"] in KINDS
+            assert r["id"].startswith(r["kind"] + "-")
+            assert r["prompt"].strip()
+    for r in data["known_answers"]:
+        assert set(r) == {"id", "kind", "prompt", "answer"}
+        assert r["kind"] in ("arithmetic", "capital")
+        assert r["answer"].strip()
+    ids = [r["id"] for r in data["train"] + data["heldout"] + data["known_answers"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_each_kind_present(data):
+    for kind in KINDS:
+        n = sum(1 for r in data["train"] + data["heldout"] if r["kind"] == kind)
+        assert n >= 250, kind
+
+
+def test_known_answers(data):
+    ka = data["known_answers"]
+    assert len(ka) >= 120
+    assert {r["kind"] for r in ka} == {"arithmetic", "capital"}
+    for r in ka:
+        if r["kind"] == "arithmetic":
+            assert r["answer"].lstrip("-").isdigit()
+
+
+def test_examples(data):
+    ex = data["examples"]
+    assert len(ex) == 12
+    for e in ex:
+        assert set(e) == {"label", "prompt"}
+        assert e["label"].strip() and e["prompt"].strip()
+
+
+def test_no_overlap(data):
+    groups = {name: {norm(r["prompt"]) for r in rows} for name, rows in data.items()}
+    names = list(groups)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            assert not (groups[a] & groups[b]), f"{a} overlaps {b}"
+
+
+def test_build_is_deterministic_and_matches_files(builder, data):
+    first = builder.build()
+    second = builder.build()
+    assert first == second
+    assert first == data
