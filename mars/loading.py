@@ -112,6 +112,9 @@ def load(
 
     adapter_path = _resolve_adapter(adapter, name, warnings)
     meta: dict = {}
+    folder_meta = Path(name) / MARS_META
+    if name != DEFAULT_MODEL and folder_meta.is_file():  # a fully fine-tuned MARS model folder
+        meta = json.loads(folder_meta.read_text())
     if adapter_path is not None:
         lm, meta = _merge_adapter(lm, adapter_path)
     lm.to(device)
@@ -131,10 +134,25 @@ def load(
     )
 
 
+def _default_cache_dir(gguf: Path, torch_dtype) -> Path:
+    root = Path(os.environ.get("MARS_CACHE", Path.home() / ".cache" / "mars-playground"))
+    stat = gguf.stat()
+    return root / f"smollm2-135m-instruct-{str(torch_dtype).replace('torch.', '')}-{stat.st_size}-{int(stat.st_mtime)}"
+
+
 def _load_default(torch_dtype):
+    """The GGUF, dequantized; converted once (~35 s here) and kept as safetensors (~1 s to load after)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = locate_default_gguf()
+    cache = _default_cache_dir(gguf, torch_dtype)
+    if (cache / "model.safetensors").is_file() and (cache / "tokenizer.json").is_file():
+        try:
+            tok = AutoTokenizer.from_pretrained(cache)
+            lm = AutoModelForCausalLM.from_pretrained(cache, dtype=torch_dtype, use_safetensors=True)
+            return lm, tok
+        except Exception:
+            pass  # a damaged cache: convert again from the GGUF below
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         lm = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
@@ -142,11 +160,51 @@ def _load_default(torch_dtype):
         raise LoadError(f"loading {gguf} needs the `gguf` package: pip install gguf ({e})") from e
     except Exception as e:
         raise LoadError(f"could not read the default model from {gguf}: {e}") from e
+    # The weights are already dequantized to plain tensors; the GGUF "quantizer" left on the model only
+    # blocks save_pretrained. Dropping it makes this model the same plain model the cache gives back.
+    lm.hf_quantizer = None
+    if hasattr(lm.config, "quantization_config"):
+        del lm.config.quantization_config
+    _write_cache(lm, tok, cache)
     return lm, tok
 
 
-def _read_config_dict(name: str) -> dict | None:
-    """config.json as a dict, from a folder or the Hub; None when there is none."""
+def _write_cache(lm, tok, cache: Path):
+    """Save atomically (write aside, then rename) so a concurrent or interrupted writer leaves no half cache."""
+    import shutil
+    import tempfile
+
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=cache.parent, prefix=".tmp-"))
+        lm.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if cache.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only home: the next load converts again, nothing else is lost
+
+
+def hub_offline() -> bool:
+    """True when the Hub cannot be used: HF_HUB_OFFLINE=1, or no answer from it within 3 s.
+
+    Checked once per load, so an unreachable Hub costs seconds, not a minute of retries.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        return True
+    import socket
+
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=3).close()
+        return False
+    except OSError:
+        return True
+
+
+def _read_config_dict(name: str, offline: bool) -> dict | None:
+    """config.json as a dict, from a folder or the Hub (or its local cache); None when there is none."""
     folder = Path(name)
     if folder.is_dir():
         path = folder / "config.json"
@@ -154,7 +212,7 @@ def _read_config_dict(name: str) -> dict | None:
     try:
         from huggingface_hub import hf_hub_download
 
-        return json.loads(Path(hf_hub_download(name, "config.json")).read_text())
+        return json.loads(Path(hf_hub_download(name, "config.json", local_files_only=offline)).read_text())
     except Exception:
         return None  # let from_pretrained produce the real error message
 
@@ -165,7 +223,8 @@ def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
     if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
         raise LoadError(f"model folder {name!r} does not exist")
     config = None
-    cfg = _read_config_dict(name)
+    offline = not Path(name).is_dir() and hub_offline()
+    cfg = _read_config_dict(name, offline)
     if cfg and str(cfg.get("model_type", "")).startswith("a2d-"):
         # The paper's checkpoints rename the Qwen2 config type; the weights are plain causal Qwen2. Loading
         # them as the base type needs no remote code, and our decoder always passes a causal mask.
@@ -174,14 +233,14 @@ def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
         config = AutoConfig.for_model(base, **cfg)
     tried = f"{name!r} ({'local folder' if Path(name).is_dir() else 'Hub id'})"
     try:
-        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-        kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True)
+        tok = AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code, local_files_only=offline)
+        kwargs = dict(dtype=torch_dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
+                      local_files_only=offline)
         if config is not None:
             kwargs["config"] = config
         lm = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except OSError as e:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or "offline" in str(e).lower() or "connect" in str(e).lower()
-        hint = " (the Hub is unreachable from here: use a local folder)" if offline and not Path(name).is_dir() else ""
+        hint = " (the Hub is unreachable from here and it is not in the local cache: use a local folder)" if offline else ""
         raise LoadError(f"could not load model {tried}{hint}: {_first_line(e)}") from e
     except ValueError as e:  # unknown architecture, remote code refused, ...
         raise LoadError(f"could not load model {tried}: {_first_line(e)}") from e
@@ -238,7 +297,7 @@ def _resolve_mask_token(tok, name: str, explicit, meta: dict) -> tuple[int | Non
             raise LoadError(f"mask token id {idx} is outside the vocabulary (size {len(tok)})")
         return idx, tok.convert_ids_to_tokens(idx)
     idx = tok.convert_tokens_to_ids(choice)
-    if idx is None or idx == tok.unk_token_id or tok.convert_ids_to_tokens(idx) != choice:
+    if idx is None or (idx == tok.unk_token_id and choice != tok.unk_token) or tok.convert_ids_to_tokens(idx) != choice:
         raise LoadError(f"mask token {choice!r} is not a single token of this tokenizer")
     return idx, choice
 

@@ -79,7 +79,7 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 def train(cfg: TrainConfig) -> dict:
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DataLoaderConfiguration, set_seed
     from tqdm.auto import tqdm
 
     from mars.data import load_examples
@@ -88,7 +88,12 @@ def train(cfg: TrainConfig) -> dict:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, cpu=not torch.cuda.is_available())
+    # a seedable sampler makes each epoch's order a function of (seed, epoch): a resumed run sees the same order
+    acc = Accelerator(
+        gradient_accumulation_steps=cfg.grad_accum,
+        cpu=not torch.cuda.is_available(),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
     set_seed(cfg.seed)
     out = Path(cfg.out)
     ckpt = out / "checkpoint"

@@ -62,8 +62,14 @@ def main() -> int:
     lm = load(adapter="none")
     tok = lm.tokenizer
     cfg = DecodeConfig(mode="ar", max_new_tokens=args.max_new_tokens, top_k=args.topk)
-    # similar prompt lengths in a batch waste less padding
-    todo.sort(key=lambda it: len(encode_prompt(tok, it["prompt"])))
+    # a seeded shuffle keeps any finished prefix of the run balanced across kinds; sorting by length inside
+    # windows of 8 batches still puts similar prompt lengths together (less padding)
+    import random
+
+    random.Random(0).shuffle(todo)
+    window = 8 * args.batch_size
+    todo = [it for w in range(0, len(todo), window)
+            for it in sorted(todo[w:w + window], key=lambda it: len(encode_prompt(tok, it["prompt"])))]
     t0 = time.time()
     n_done = 0
     for start in range(0, len(todo), args.batch_size):

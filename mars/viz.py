@@ -1,0 +1,353 @@
+"""What the app draws: coloured pass groups (HTML) and plotly figures, as pure functions.
+
+The decoder core emits meaning (pass index, accepted tokens, confidences, tau); this module alone picks
+colours. Inputs are pass records (anything with PassRecord's attributes) or plain lists, outputs are HTML
+strings or `go.Figure`s, so everything here is testable without a browser. All model and user text is
+HTML-escaped before it is placed in markup.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Sequence
+
+import plotly.graph_objects as go
+
+# Two colour-blind-safe sequential families (ColorBrewer Blues / Oranges; blue vs orange stays distinct
+# under protanopia, deuteranopia and tritanopia). Consecutive passes alternate families; the shade
+# deepens with the number of tokens the pass accepted: index = min(size, 4) - 1.
+SHADES = {
+    "blue": ("#dbe9f6", "#9ecae1", "#4a98c9", "#1c5a99"),
+    "orange": ("#fde5cc", "#fdae6b", "#f07d2a", "#a63603"),
+}
+FAMILIES = ("blue", "orange")
+DARK_TEXT_FROM = 2  # shade index from which text turns white, for contrast
+MARS_COLOR = "#0072B2"  # Okabe-Ito blue
+AR_COLOR = "#D55E00"  # Okabe-Ito vermillion
+TAU_COLOR = "#222222"
+
+GROUPS_CSS = """
+.mars-text { white-space: pre-wrap; word-wrap: break-word; font-family: ui-monospace, SFMono-Regular, Menlo,
+  Consolas, monospace; font-size: 15px; line-height: 1.75; padding: 10px 12px; min-height: 6em;
+  border: 1px solid #d0d7de; border-radius: 8px; background: #ffffff; color: #111111; }
+.mars-group { border-radius: 3px; padding: 1px 0; box-decoration-break: clone; -webkit-box-decoration-break: clone; }
+.mars-group:hover { outline: 2px solid #111111; }
+.mars-end { color: #777777; font-size: 0.8em; }
+.mars-placeholder { color: #888888; font-style: italic; }
+.mars-legend { display: flex; flex-wrap: wrap; gap: 6px 14px; align-items: center; font-size: 13px; }
+.mars-swatch { display: inline-block; min-width: 1.6em; text-align: center; border-radius: 3px; padding: 0 4px;
+  font-family: ui-monospace, monospace; }
+.mars-stats { display: flex; flex-wrap: wrap; gap: 8px; }
+.mars-tile { border: 1px solid #d0d7de; border-radius: 8px; padding: 4px 8px; min-width: 5.5em; }
+.mars-tile b { display: block; font-size: 1.25em; }
+.mars-tile span { font-size: 0.8em; opacity: 0.8; }
+.mars-note { font-size: 0.85em; opacity: 0.85; margin-top: 4px; }
+.mars-inspect { border-collapse: collapse; font-size: 14px; width: 100%; }
+.mars-inspect td, .mars-inspect th { border-bottom: 1px solid #d0d7de; padding: 4px 8px; text-align: left;
+  vertical-align: top; font-family: ui-monospace, monospace; }
+.mars-bar { display: inline-block; height: 0.7em; background: #0072B2; margin-right: 4px; vertical-align: middle; }
+.mars-accepted { color: #0b6e4f; font-weight: bold; }
+.mars-rejected { color: #b03a00; font-weight: bold; }
+.mars-banner { border-left: 4px solid #E69F00; padding: 6px 10px; background: rgba(230, 159, 0, 0.12); }
+"""
+
+
+def esc(text) -> str:
+    """HTML-escape anything shown from model or user text (quotes too: it may land in an attribute)."""
+    return html.escape(str(text), quote=True)
+
+
+def shade(pass_number: int, size: int) -> tuple[str, str]:
+    """(background, text colour) of the group of the pass_number-th pass, accepting `size` tokens."""
+    level = max(0, min(int(size), 4) - 1)
+    background = SHADES[FAMILIES[pass_number % 2]][level]
+    return background, ("#ffffff" if level >= DARK_TEXT_FROM else "#111111")
+
+
+def token_label(text: str) -> str:
+    """A token as it reads in a tooltip: quotes, with newlines and tabs made visible."""
+    return repr(text)
+
+
+def _hover(rec, texts: Sequence[str]) -> str:
+    n = len(rec.token_ids)
+    lines = [f"pass {rec.pass_index} · {n} token{'s' if n != 1 else ''} · tau {rec.tau:.2f}"]
+    for t, c in zip(texts, rec.confidences):
+        lines.append(f"{token_label(t)}  {c:.3f}")
+    if rec.finish_reason:
+        lines.append(f"finished: {rec.finish_reason}")
+    return "\n".join(lines)
+
+
+def render_group(rec, texts: Sequence[str] | None, order: int) -> str:
+    """One pass's accepted tokens as one coloured span with its data attributes and tooltip."""
+    size = len(rec.token_ids)
+    texts = list(texts) if texts is not None else [str(t) for t in rec.token_ids]
+    background, color = shade(order, size)
+    body = esc(rec.text) if rec.text else '<span class="mars-end">∎</span>'
+    conf = " ".join(f"{c:.3f}" for c in rec.confidences)
+    return (
+        f'<span class="mars-group" data-pass="{rec.pass_index}" data-size="{size}" data-conf="{conf}" '
+        f'data-tau="{rec.tau:.3f}" style="background:{background};color:{color}" '
+        f'title="{esc(_hover(rec, texts))}">{body}</span>'
+    )
+
+
+def render_groups_html(
+    records: Sequence, token_texts: Sequence[Sequence[str]] | None = None, placeholder: str = "", elem_class: str = ""
+) -> str:
+    """All groups of a run, in order, inside one pre-wrap block (newlines and indentation stay readable).
+
+    token_texts[i] holds the text of each accepted token of records[i] (for the tooltip); ids otherwise.
+    """
+    if not records:
+        inner = f'<span class="mars-placeholder">{esc(placeholder)}</span>' if placeholder else ""
+    else:
+        inner = "".join(
+            render_group(rec, token_texts[i] if token_texts is not None else None, i) for i, rec in enumerate(records)
+        )
+    return f'<div class="mars-text {esc(elem_class)}">{inner}</div>'
+
+
+def render_legend_html() -> str:
+    """Colour key: the two alternating families, deeper shade = more tokens accepted in that pass."""
+    parts = ['<div class="mars-legend"><span>one coloured span = one forward pass; colours alternate;</span>']
+    for fam in FAMILIES:
+        for level, label in enumerate(("1", "2", "3", "4+")):
+            color = "#ffffff" if level >= DARK_TEXT_FROM else "#111111"
+            parts.append(f'<span class="mars-swatch" style="background:{SHADES[fam][level]};color:{color}">{label}</span>')
+    parts.append("<span>tokens accepted in the pass (hover a span for its tokens and confidences)</span></div>")
+    return "".join(parts)
+
+
+def render_stats_html(stats: dict) -> str:
+    """Live numbers as tiles. `stats` comes from the app: passes, tokens, tokens_per_pass, tokens_per_second,
+    elapsed, decode_seconds, speedup (None until the AR run has been measured), state, tau, note."""
+
+    def tile(value, label):
+        return f'<div class="mars-tile"><b>{esc(value)}</b><span>{esc(label)}</span></div>'
+
+    speed = stats.get("speedup")
+    speed_text = "—" if speed is None else f"{speed:.2f}×"
+    tiles = [
+        tile(stats.get("passes", 0), "forward passes"),
+        tile(stats.get("tokens", 0), "tokens"),
+        tile(f"{stats.get('tokens_per_pass', 0.0):.2f}", "tokens / pass"),
+        tile(f"{stats.get('tokens_per_second', 0.0):.1f}", "tokens / s"),
+        tile(f"{stats.get('elapsed', 0.0):.2f} s", "elapsed"),
+        tile(speed_text, "speed-up vs AR (measured)"),
+    ]
+    tau = stats.get("tau")
+    attrs = (
+        f'data-state="{esc(stats.get("state", "idle"))}" data-passes="{stats.get("passes", 0)}" '
+        f'data-tokens="{stats.get("tokens", 0)}" data-tau="{"" if tau is None else f"{tau:.3f}"}"'
+    )
+    note = stats.get("note")
+    note_html = f'<div class="mars-note">{esc(note)}</div>' if note else ""
+    return f'<div class="mars-stats-wrap" {attrs}><div class="mars-stats">{"".join(tiles)}</div>{note_html}</div>'
+
+
+def render_inspector_html(rows: Sequence[dict], reason: str, header: str = "") -> str:
+    """The draft positions of one pass. rows: {position, token, confidence, status, candidates:[(text, p)]}."""
+    out = [f"<div>{esc(header)}</div>" if header else ""]
+    out.append('<table class="mars-inspect"><tr><th>position</th><th>proposal</th><th>confidence</th>'
+               "<th>status</th><th>top candidates (probability)</th></tr>")
+    for r in rows:
+        status_class = "mars-accepted" if r["status"] == "accepted" else "mars-rejected"
+        cands = "<br>".join(
+            f'<span class="mars-bar" style="width:{max(1, round(60 * p))}px"></span>{esc(token_label(t))} {p:.3f}'
+            for t, p in r.get("candidates", [])
+        )
+        out.append(
+            f"<tr><td>{esc(r['position'])}</td><td>{esc(token_label(r['token']))}</td>"
+            f"<td>{r['confidence']:.3f}</td><td class=\"{status_class}\">{esc(r['status'])}</td><td>{cands}</td></tr>"
+        )
+    out.append(f'</table><div class="mars-note">chain stopped: {esc(reason)}</div>')
+    return "".join(out)
+
+
+def render_table_html(headers: Sequence[str], rows: Sequence[Sequence], elem_id: str = "") -> str:
+    """A plain table; cells are escaped, floats shown with 3 decimals."""
+    def cell(v):
+        return f"{v:.3f}" if isinstance(v, float) else esc(v)
+
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    ident = f' id="{esc(elem_id)}"' if elem_id else ""
+    return f'<table class="mars-inspect"{ident}><tr>{head}</tr>{body}</table>'
+
+
+def standalone_html(records: Sequence, token_texts, title: str, prompt: str, summary: str) -> str:
+    """A self-contained HTML page of a coloured generation, for slides and sharing."""
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{esc(title)}</title><style>body{{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;"
+        f"padding:0 1em;color:#111}} .prompt{{white-space:pre-wrap;background:#f4f4f4;padding:8px;border-radius:6px}}"
+        f"{GROUPS_CSS}</style></head><body>"
+        f"<h2>{esc(title)}</h2><p><b>Prompt</b></p><div class=\"prompt\">{esc(prompt)}</div>"
+        f"<p><b>Generation</b></p>{render_groups_html(records, token_texts)}<p>{render_legend_html()}</p>"
+        f"<p class=\"mars-note\">{esc(summary)}</p></body></html>"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- figures
+# Figures are built from plain dicts in one go.Figure call: update_layout / make_subplots / named templates
+# each cost 3-25 ms of validation, and the charts are rebuilt while a run streams.
+
+_AXIS = dict(showgrid=True, gridcolor="#e6e6e6", zeroline=False, linecolor="#888888", ticks="outside",
+             tickcolor="#888888", automargin=True)
+
+
+def _figure(traces: list, title: str, height: int = 260, **layout) -> go.Figure:
+    base = dict(
+        title=dict(text=title, font=dict(size=14)),
+        template="none",
+        font=dict(family="system-ui, sans-serif", size=12, color="#222222"),
+        paper_bgcolor="#ffffff",
+        plot_bgcolor="#ffffff",
+        height=height,
+        margin=dict(l=50, r=15, t=45, b=45),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0, font=dict(size=11)),
+    )
+    for key, value in layout.items():
+        base[key] = {**_AXIS, **value} if key.startswith(("xaxis", "yaxis")) else value
+    for axis in ("xaxis", "yaxis"):
+        base.setdefault(axis, dict(_AXIS))
+    return go.Figure(data=traces, layout=base)
+
+
+def _two_panels(left_title: str, right_title: str, gap: float = 0.12) -> dict:
+    """Layout for two side-by-side panels (x/y left, x2/y2 right), without make_subplots' cost."""
+    half = (1 - gap) / 2
+    note = dict(xref="paper", yref="paper", y=1.0, yanchor="bottom", showarrow=False, font=dict(size=12))
+    return dict(
+        xaxis=dict(domain=[0, half], anchor="y"), yaxis=dict(anchor="x"),
+        xaxis2=dict(domain=[1 - half, 1], anchor="y2"), yaxis2=dict(anchor="x2"),
+        annotations=[dict(text=t, x=x, **note) for t, x in ((left_title, half / 2), (right_title, 1 - half / 2)) if t],
+    )
+
+
+def make_tokens_per_pass_figure(sizes: Sequence[int], block_size: int) -> go.Figure:
+    """Tokens accepted by each forward pass, with AR's constant 1 token per pass for reference."""
+    passes = list(range(len(sizes)))
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    traces = [
+        go.Bar(x=passes, y=list(sizes), name="MARS", marker_color=MARS_COLOR,
+               hovertemplate="pass %{x}: %{y} tokens<extra></extra>"),
+        go.Scatter(x=[-0.5, max(len(sizes), 1) - 0.5], y=[1, 1], mode="lines", name="AR baseline (1)",
+                   line=dict(color=AR_COLOR, dash="dash")),
+    ]
+    return _figure(traces, f"Tokens per pass (mean {mean:.2f}, B = {block_size})",
+                   yaxis=dict(range=[0, block_size + 0.5], dtick=1, title=dict(text="tokens")),
+                   xaxis=dict(title=dict(text="forward pass")))
+
+
+def make_confidence_figure(records: Sequence) -> go.Figure:
+    """Confidence of every proposal of every pass against tau.
+
+    Position 0 of a pass is the AR token, always accepted whatever its confidence (hollow grey); the masks
+    at positions 1.. are accepted (blue dots) while confidence >= tau, the rest rejected (crosses).
+    """
+    pts = {"ar": ([], [], []), "acc": ([], [], []), "rej": ([], [], [])}
+    for rec in records:
+        n = len(rec.confidences)
+        for j, c in enumerate(list(rec.confidences) + list(rec.rejected_confidences)):
+            kind = "ar" if j == 0 else ("acc" if j < n else "rej")
+            x, y, t = pts[kind]
+            x.append(rec.pass_index), y.append(c), t.append(f"position {j}")
+
+    def scatter(kind, name, marker):
+        x, y, t = pts[kind]
+        return go.Scatter(x=x, y=y, text=t, mode="markers", name=name, marker=marker,
+                          hovertemplate=f"pass %{{x}} · %{{text}}: %{{y:.3f}}<extra>{name}</extra>")
+
+    traces = [
+        scatter("ar", "AR token", dict(color="rgba(0,0,0,0)", size=7, line=dict(color="#777777", width=1.5))),
+        scatter("acc", "accepted mask", dict(color=MARS_COLOR, size=8, symbol="circle")),
+        scatter("rej", "rejected mask", dict(color=AR_COLOR, size=8, symbol="x")),
+        go.Scatter(x=[r.pass_index for r in records], y=[r.tau for r in records], mode="lines", name="tau",
+                   line=dict(color=TAU_COLOR, dash="dot", shape="hvh")),
+    ]
+    return _figure(traces, "Confidence of each proposal vs tau",
+                   yaxis=dict(range=[-0.03, 1.03], title=dict(text="confidence")),
+                   xaxis=dict(title=dict(text="forward pass")))
+
+
+def cumulative(records: Sequence) -> tuple[list[int], list[int], list[float]]:
+    """(passes, tokens, seconds), cumulative, starting from (0, 0, 0)."""
+    passes, tokens, seconds = [0], [0], [0.0]
+    for rec in records:
+        passes.append(passes[-1] + 1)
+        tokens.append(tokens[-1] + len(rec.token_ids))
+        seconds.append(seconds[-1] + rec.seconds)
+    return passes, tokens, seconds
+
+
+def make_race_figure(mars: Sequence, ar: Sequence | None = None) -> go.Figure:
+    """The race: cumulative tokens vs forward passes (left) and vs decode seconds (right), MARS vs AR.
+
+    Before the AR run exists, the left panel shows AR's known 1 token per pass as a dashed reference.
+    """
+    mp, mt, ms = cumulative(mars)
+    line = dict(color=MARS_COLOR, width=3)
+    traces = [go.Scatter(x=mp, y=mt, mode="lines", name="MARS", line=line),
+              go.Scatter(x=ms, y=mt, mode="lines", name="MARS", line=line, showlegend=False, xaxis="x2", yaxis="y2")]
+    if ar:
+        ap, at, as_ = cumulative(ar)
+        line = dict(color=AR_COLOR, width=3)
+        traces += [go.Scatter(x=ap, y=at, mode="lines", name="AR", line=line),
+                   go.Scatter(x=as_, y=at, mode="lines", name="AR", line=line, showlegend=False, xaxis="x2", yaxis="y2")]
+    else:
+        top = max(mt[-1], 1)
+        traces.append(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="AR (1 token/pass)",
+                                 line=dict(color=AR_COLOR, dash="dash")))
+    layout = _two_panels("", "")  # the axis titles name the panels
+    layout["xaxis"]["title"] = dict(text="forward passes")
+    layout["xaxis2"]["title"] = dict(text="seconds (decode)")
+    layout["yaxis"]["title"] = dict(text="tokens")
+    return _figure(traces, "The race: MARS vs AR", height=290, margin=dict(l=50, r=15, t=50, b=45),
+                   legend=dict(x=0.01, y=0.98, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.75)"),
+                   **layout)
+
+
+def make_mask_heatmap(length: int, block_size: int, noisy_start: int = 0) -> go.Figure:
+    """The training attention mask over [clean | noisy] (objective.mars_attention_mask), rows = queries."""
+    from mars.objective import mars_attention_mask
+
+    mask = mars_attention_mask(length, block_size, noisy_start).int().tolist()  # (2L - s, 2L - s)
+    labels = [f"c{t}" for t in range(length)] + [f"n{t}" for t in range(noisy_start, length)]
+    hover = [
+        [f"query {q} → key {k}: {'attends' if mask[i][j] else 'blocked'}" for j, k in enumerate(labels)]
+        for i, q in enumerate(labels)
+    ]
+    heat = go.Heatmap(z=mask, x=labels, y=labels, text=hover, hoverinfo="text", showscale=False, xgap=1, ygap=1,
+                      colorscale=[[0, "#f0f0f0"], [1, MARS_COLOR]], zmin=0, zmax=1)
+    edge, end = length - 0.5, len(labels) - 0.5  # the clean | noisy seam
+    seam = dict(type="line", line=dict(color=AR_COLOR, width=2))
+    shapes = [dict(x0=edge, x1=edge, y0=-0.5, y1=end, **seam), dict(y0=edge, y1=edge, x0=-0.5, x1=end, **seam)]
+    title = f"Training mask, L = {length}, B = {block_size}: c = clean copy, n = noisy (masked) copy; blue = attends"
+    return _figure([heat], title, height=540, margin=dict(l=60, r=15, t=90, b=30), shapes=shapes,
+                   yaxis=dict(autorange="reversed", title=dict(text="query (row)"), showgrid=False),
+                   xaxis=dict(title=dict(text="key (column)"), side="top", showgrid=False))
+
+
+def make_sweep_figure(rows: Sequence[dict]) -> go.Figure:
+    """tau sweep: tokens per pass against agreement with AR (left) and the AR model's mean NLL (right).
+
+    rows: {tau, tokens_per_pass, agreement, nll}; one point per tau, labelled with it.
+    """
+    x = [r["tokens_per_pass"] for r in rows]
+    labels = [f"τ={r['tau']:g}" for r in rows]
+    traces = []
+    for axis, key in (("", "agreement"), ("2", "nll")):
+        traces.append(go.Scatter(
+            x=x, y=[r[key] for r in rows], text=labels, mode="markers+text+lines", textposition="top center",
+            marker=dict(color=MARS_COLOR, size=9), line=dict(color=MARS_COLOR, dash="dot"), showlegend=False,
+            hovertemplate="%{text}: %{x:.2f} tokens/pass, %{y:.3f}<extra></extra>", xaxis="x" + axis, yaxis="y" + axis,
+        ))
+    layout = _two_panels("agreement with AR (exact prefix)", "mean NLL under the AR model (nats/token)", gap=0.14)
+    for axis in ("xaxis", "xaxis2"):
+        layout[axis]["title"] = dict(text="tokens per pass")
+    layout["yaxis"]["range"] = [-0.05, 1.1]
+    return _figure(traces, "Sweeping tau: speed against quality", height=340, margin=dict(l=50, r=15, t=75, b=45),
+                   **layout)

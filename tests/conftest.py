@@ -1,0 +1,48 @@
+"""Shared pytest set-up: the `slow` marker, import paths, thread count, and the models tests share."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+for folder in (ROOT, ROOT / "tests"):
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+
+import tiny  # noqa: E402
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: needs minutes of CPU; deselected by pytest.ini, run with -m slow")
+
+
+def pytest_sessionstart(session):
+    import torch
+
+    # Tiny models gain nothing from threads, and on a shared 2-core machine extra threads only contend.
+    torch.set_num_threads(int(os.environ.get("MARS_TEST_THREADS", "1")))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    return tiny.make_loaded("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen():
+    return tiny.make_loaded("qwen2", seed=1)
+
+
+@pytest.fixture(scope="session")
+def default_lm():
+    """The embedded default model, bare (no adapter): loaded once per test session."""
+    from mars.loading import load
+
+    return load(adapter="none")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tiny.save_tiny(tmp_path_factory.mktemp("tiny") / "llama")

@@ -1,0 +1,232 @@
+"""The decoder core, token for token against slow obvious paths and transformers' own greedy generate."""
+
+import math
+
+import pytest
+import torch
+
+from mars.acceptance import accept_lengths, choose_and_score
+from mars.decoding import DecodeConfig, DecodeControl, decode_steps, encode_prompt, generate_ids, stream
+
+PROMPTS = [
+    "what is the capital of france ?",
+    "tell me a word",
+    "add 2 + 3 = ?",
+    "write a long sentence about the water and the earth and the air and the people who live here",
+]
+
+
+def hf_greedy(lm, ids, n):
+    x = torch.tensor([ids])
+    out = lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def encode_all(lm, prompts=PROMPTS):
+    return [encode_prompt(lm.tokenizer, p) for p in prompts]
+
+
+# ---- acceptance rule and confidence measures (pure functions)
+
+
+def test_accept_lengths_rule():
+    conf = torch.tensor([[0.2, 0.95, 0.91, 0.5], [0.99, 0.5, 0.99, 0.99], [0.1, 0.9, 0.9, 0.9]])
+    assert accept_lengths(conf, 0.9).tolist() == [3, 1, 4]
+    assert accept_lengths(conf, 1.0).tolist() == [1, 1, 1]  # tau 1 is exactly AR
+    assert accept_lengths(torch.ones(1, 4), 1.0).tolist() == [1]  # even for saturated probabilities
+    assert accept_lengths(conf, 0.0).tolist() == [4, 4, 4]
+    assert accept_lengths(conf, 0.0, max_per_pass=2).tolist() == [2, 2, 2]
+
+
+def test_confidence_measures():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1], [1.0 / 3, 1.0 / 3, 1.0 / 3]]))
+    tok, p = choose_and_score(logits, "prob")
+    assert tok.tolist()[0] == 0 and p[0].item() == pytest.approx(0.7)
+    _, m = choose_and_score(logits, "margin")
+    assert m[0].item() == pytest.approx(0.5) and m[1].item() == pytest.approx(0.0, abs=1e-6)
+    _, e = choose_and_score(logits, "entropy")
+    assert e[1].item() == pytest.approx(1 / 3, rel=1e-5)  # exp(-ln 3)
+    h = -(0.7 * math.log(0.7) + 0.2 * math.log(0.2) + 0.1 * math.log(0.1))
+    assert e[0].item() == pytest.approx(math.exp(-h), rel=1e-5)
+    with pytest.raises(ValueError):
+        choose_and_score(logits, "vibes")
+
+
+# ---- token-for-token equivalences on the tiny model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tau1_mars_equals_ar_equals_hf_generate(arch, tiny_lm, tiny_qwen):
+    lm = tiny_lm if arch == "llama" else tiny_qwen
+    for ids in encode_all(lm):
+        ref = hf_greedy(lm, ids, 40)
+        ar = generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=40))[0]
+        assert ar.token_ids == ref
+        for B in (2, 4, 8):
+            mars = generate_ids(lm, [ids], DecodeConfig(mode="mars", tau=1.0, block_size=B, max_new_tokens=40))[0]
+            assert mars.token_ids == ref
+
+
+def test_ar_mode_forwards_equal_tokens(tiny_lm):
+    for ids in encode_all(tiny_lm):
+        res = generate_ids(tiny_lm, [ids], DecodeConfig(mode="ar", max_new_tokens=25))[0]
+        assert res.forwards == len(res.token_ids)
+        assert all(len(s.token_ids) == 1 and s.rejected_token_ids == [] for s in res.steps)
+
+
+@pytest.mark.parametrize("tau", [0.9, 0.5, 0.2, 0.0])
+@pytest.mark.parametrize("B", [2, 3, 4, 8])
+def test_cached_equals_uncached(tiny_lm, tau, B):
+    ids = encode_all(tiny_lm)
+    cfg = dict(mode="mars", tau=tau, block_size=B, max_new_tokens=30)
+    for p in ids:
+        a = generate_ids(tiny_lm, [p], DecodeConfig(**cfg))[0]
+        b = generate_ids(tiny_lm, [p], DecodeConfig(**cfg, use_cache=False))[0]
+        assert a.token_ids == b.token_ids
+        assert [len(s.token_ids) for s in a.steps] == [len(s.token_ids) for s in b.steps]
+
+
+@pytest.mark.parametrize("mode,tau,B,cache_block", [("ar", 1.0, 4, 32), ("mars", 1.0, 4, 32), ("mars", 0.3, 4, 8),
+                                                     ("mars", 0.0, 3, 4), ("mars", 0.0, 8, 5), ("mars", 0.6, 6, 32)])
+def test_batch_equals_each_prompt_alone(tiny_lm, mode, tau, B, cache_block):
+    ids = encode_all(tiny_lm)
+    cfg = DecodeConfig(mode=mode, tau=tau, block_size=B, max_new_tokens=40, cache_block=cache_block)
+    batch = generate_ids(tiny_lm, ids, cfg)
+    for p, res in zip(ids, batch):
+        alone = generate_ids(tiny_lm, [p], cfg)[0]
+        assert res.token_ids == alone.token_ids
+        assert res.forwards == alone.forwards
+    unc = generate_ids(tiny_lm, ids, DecodeConfig(mode=mode, tau=tau, block_size=B, max_new_tokens=40, use_cache=False))
+    assert [r.token_ids for r in unc] == [r.token_ids for r in batch]
+
+
+def test_block_cache_keeps_rows_within_a_cache_block(tiny_lm):
+    ids = encode_all(tiny_lm)
+    cfg = DecodeConfig(mode="mars", tau=0.0, block_size=4, max_new_tokens=40, cache_block=8)
+    widths = []
+    for records in decode_steps(tiny_lm, ids, cfg):
+        widths.extend(r.input_len for r in records)
+    # uncached window per row <= cache block + the tokens of one pass + B-1 masks
+    assert max(widths[len(ids):]) <= 8 + 4 + 3
+
+
+def test_low_tau_takes_fewer_passes(tiny_lm):
+    ids = encode_all(tiny_lm)[3]
+    hi = generate_ids(tiny_lm, [ids], DecodeConfig(tau=1.0, max_new_tokens=40))[0]
+    lo = generate_ids(tiny_lm, [ids], DecodeConfig(tau=0.0, max_new_tokens=40))[0]
+    assert lo.forwards < hi.forwards
+    assert lo.tokens_per_forward > 1.5
+
+
+def test_live_tau_change_reaches_the_next_pass(tiny_lm):
+    ids = encode_all(tiny_lm)[3]
+    control = DecodeControl()
+    seen = []
+    for rec in stream(tiny_lm, ids, DecodeConfig(tau=1.0, max_new_tokens=40), control):
+        seen.append(rec)
+        if rec.pass_index == 2:
+            control.tau = 0.0
+    assert [r.tau for r in seen[:3]] == [1.0, 1.0, 1.0]
+    assert all(r.tau == 0.0 for r in seen[3:])
+    assert all(len(r.token_ids) == 1 for r in seen[:3])
+    assert max(len(r.token_ids) for r in seen[3:]) > 1
+
+
+def test_cancel_ends_the_run_before_the_next_pass(tiny_lm):
+    ids = encode_all(tiny_lm)
+    control = DecodeControl()
+    passes = 0
+    for _ in decode_steps(tiny_lm, ids, DecodeConfig(tau=0.9, max_new_tokens=40), control):
+        passes += 1
+        if passes == 2:
+            control.cancel()
+    assert passes == 2
+    res = generate_ids(tiny_lm, ids[:1], DecodeConfig(max_new_tokens=40), control)[0]
+    assert res.finish_reason == "cancelled" and res.token_ids == []
+
+
+def test_stops_max_tokens_eos_and_stop_strings(tiny_lm):
+    tok = tiny_lm.tokenizer
+    ids = encode_all(tiny_lm)[3]
+    free = generate_ids(tiny_lm, [ids], DecodeConfig(tau=0.0, max_new_tokens=17))[0]
+    assert len(free.token_ids) == 17 and free.finish_reason == "length"
+    # a stop string taken from the free-running text cuts the run right after it
+    word = tok.decode(free.token_ids[5:6])
+    stopped = generate_ids(tiny_lm, [ids], DecodeConfig(tau=0.0, max_new_tokens=17, stop_strings=(word,)))[0]
+    assert stopped.finish_reason == "stop" and word in stopped.text
+    assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)] and len(stopped.token_ids) <= 6
+    # EOS: find a prompt whose greedy run emits EOS; the EOS is the last generated id
+    eos = tiny_lm.eos_token_ids[0]
+    runs = [generate_ids(tiny_lm, [p], DecodeConfig(mode="ar", max_new_tokens=60))[0] for p in encode_all(tiny_lm)]
+    ended = [r for r in runs if r.finish_reason == "eos"]
+    assert ended, "the tiny model should end at least one of the prompts"
+    for r in ended:
+        assert r.token_ids[-1] == eos and eos not in r.token_ids[:-1]
+
+
+def test_seeded_sampling_is_reproducible(tiny_lm):
+    ids = encode_all(tiny_lm)[0]
+    cfg = dict(tau=0.5, max_new_tokens=30, temperature=1.0)
+    a = generate_ids(tiny_lm, [ids], DecodeConfig(**cfg, seed=1))[0]
+    b = generate_ids(tiny_lm, [ids], DecodeConfig(**cfg, seed=1))[0]
+    c = generate_ids(tiny_lm, [ids], DecodeConfig(**cfg, seed=2))[0]
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+
+
+def test_records_carry_what_the_ui_needs(tiny_lm):
+    ids = encode_all(tiny_lm)[0]
+    recs = list(stream(tiny_lm, ids, DecodeConfig(tau=0.5, block_size=4, max_new_tokens=12, top_k=3)))
+    for r in recs:
+        assert len(r.token_ids) + len(r.rejected_token_ids) == 4 or r.finish_reason
+        assert len(r.confidences) == len(r.token_ids) and len(r.candidates) == 4
+        assert all(0.0 <= c <= 1.0 for c in r.confidences + r.rejected_confidences)
+        assert r.seconds > 0 and r.input_len >= 4
+    assert "".join(r.text for r in recs).strip() == tiny_lm.tokenizer.decode(
+        sum((r.token_ids for r in recs), []), skip_special_tokens=True).strip()
+
+
+def test_bad_configs_are_refused(tiny_lm):
+    for bad in (dict(tau=1.5), dict(tau=float("nan")), dict(tau="0.9"), dict(block_size=0), dict(block_size=2.5),
+                dict(max_new_tokens=0), dict(mode="fast"), dict(confidence="x"), dict(cache_block=0)):
+        with pytest.raises(ValueError):
+            DecodeConfig(**bad)
+    with pytest.raises(ValueError):
+        DecodeControl().tau = 2
+    with pytest.raises(ValueError, match="context"):
+        generate_ids(tiny_lm, [[5] * 500], DecodeConfig(max_new_tokens=100))
+    with pytest.raises(ValueError):
+        generate_ids(tiny_lm, [[]], DecodeConfig())
+
+
+def test_model_without_mask_token_runs_ar_only():
+    import tiny
+
+    lm = tiny.make_loaded(mask=False)
+    ids = encode_prompt(lm.tokenizer, "tell me a word")
+    with pytest.raises(ValueError, match="mask token"):
+        generate_ids(lm, [ids], DecodeConfig(mode="mars"))
+    assert len(generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=5))[0].token_ids) == 5
+
+
+# ---- the default model (float32)
+
+DEFAULT_PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.",
+                   "List three fruits.", "Explain in one sentence why the sky is blue."]
+
+
+def test_default_model_tau1_and_ar_equal_hf_generate(default_lm):
+    for p in DEFAULT_PROMPTS[:3]:
+        ids = encode_prompt(default_lm.tokenizer, p)
+        ref = hf_greedy(default_lm, ids, 32)
+        assert generate_ids(default_lm, [ids], DecodeConfig(mode="ar", max_new_tokens=32))[0].token_ids == ref
+        assert generate_ids(default_lm, [ids], DecodeConfig(mode="mars", tau=1.0, max_new_tokens=32))[0].token_ids == ref
+
+
+def test_default_model_batch_equals_alone_and_cached_equals_uncached(default_lm):
+    ids = [encode_prompt(default_lm.tokenizer, p) for p in DEFAULT_PROMPTS]
+    cfg = DecodeConfig(mode="mars", tau=0.5, max_new_tokens=24, cache_block=8)
+    batch = generate_ids(default_lm, ids, cfg)
+    for p, res in zip(ids, batch):
+        assert res.token_ids == generate_ids(default_lm, [p], cfg)[0].token_ids
+    unc = generate_ids(default_lm, ids[:2], DecodeConfig(mode="mars", tau=0.5, max_new_tokens=24, use_cache=False))
+    assert [r.token_ids for r in unc] == [r.token_ids for r in batch[:2]]
