@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -117,7 +118,8 @@ def cmd_train(args) -> int:
         dtype=args.dtype,
     )
     state = train(cfg)
-    print(json.dumps({"out": args.out, **state}))
+    if int(os.environ.get("RANK", "0")) == 0:  # one summary line, from the main process
+        print(json.dumps({"out": args.out, **state}))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The MARS trainer: LoRA or full fine-tuning, resumable, and unchanged under `accelerate launch`.
 
     python -m mars train --data train.jsonl --out runs/x --block-size 4 --method lora --lr 2e-4
-    accelerate launch --cpu --num_processes 2 -m mars train --data ... --out ...
+    accelerate launch --multi_gpu --num_processes 2 -m mars train --data ... --out ...
+    (on a machine without GPUs, --multi_gpu starts CPU processes that talk over gloo)
 
 Checkpoints (`<out>/checkpoint/`: model, optimizer, scheduler and RNG state via accelerate, plus
 trainer_state.json) are written every `save_every` optimizer steps and at the end; rerunning the same
@@ -93,6 +94,7 @@ def train(cfg: TrainConfig) -> dict:
         gradient_accumulation_steps=cfg.grad_accum,
         cpu=not torch.cuda.is_available(),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        step_scheduler_with_optimizer=False,  # stepped once per optimizer step below, whatever the process count
     )
     set_seed(cfg.seed)
     out = Path(cfg.out)
@@ -164,7 +166,8 @@ def train(cfg: TrainConfig) -> dict:
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(params, 1.0)
                 opt.step()
-                sched.step()
+                if acc.sync_gradients:
+                    sched.step()
                 opt.zero_grad()
             state["batches_in_epoch"] += 1
             state["sequences"] += batch.input_ids.shape[0] * acc.num_processes
@@ -197,6 +200,7 @@ def train(cfg: TrainConfig) -> dict:
     bar.close()
     save_checkpoint()
     acc.wait_for_everyone()
+    state["processes"] = acc.num_processes
     if acc.is_main_process:
         _save_final(acc.unwrap_model(model), tok, lm, cfg, state, out)
     acc.wait_for_everyone()
@@ -214,6 +218,7 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path):
         "steps": state["step"],
         "sequences": state["sequences"],
         "train_seconds": round(state["seconds"], 1),
+        "processes": state.get("processes", 1),
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")},
     }
     if cfg.method == "lora":

@@ -1,0 +1,133 @@
+"""The CLI end to end, and the trainer: checkpoints, resume, adapters the loader takes back, accelerate."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.loading import load
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def run_cli(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "mars", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=ENV, timeout=timeout)
+
+
+def hf_greedy(lm, ids, n):
+    x = torch.tensor([ids])
+    return lm.model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+
+
+def test_cli_generate_json_equals_hf_greedy_on_a_local_random_llama(tiny_dir):
+    lm = load(str(tiny_dir))
+    prompts = ["what is the capital of france ?", "tell me a word"]
+    for extra in (["--tau", "1.0"], ["--mode", "ar"]):
+        out = run_cli("generate", *prompts, "--model", str(tiny_dir), "--json", "--max-new-tokens", "24", *extra)
+        assert out.returncode == 0, out.stderr
+        lines = [json.loads(line) for line in out.stdout.splitlines()]
+        assert len(lines) == 2
+        for p, obj in zip(prompts, lines):
+            assert obj["token_ids"] == hf_greedy(lm, encode_prompt(lm.tokenizer, p), 24)
+            assert obj["forwards"] == len(obj["steps"]) and obj["tokens_per_forward"] == pytest.approx(
+                len(obj["token_ids"]) / obj["forwards"])
+            step = obj["steps"][0]
+            assert {"token_ids", "text", "confidences", "rejected_token_ids", "rejected_confidences", "tau",
+                    "seconds"} <= set(step)
+
+
+def test_cli_generate_default_model_tau1_equals_hf_greedy(default_lm):
+    prompt = "Name two planets."
+    out = run_cli("generate", prompt, "--adapter", "none", "--tau", "1.0", "--json", "--max-new-tokens", "24")
+    assert out.returncode == 0, out.stderr
+    obj = json.loads(out.stdout.splitlines()[0])
+    assert obj["token_ids"] == hf_greedy(default_lm, encode_prompt(default_lm.tokenizer, prompt), 24)
+
+
+def test_cli_errors_are_one_line_and_non_zero(tmp_path):
+    out = run_cli("generate", "hi", "--model", str(tmp_path / "missing"))
+    assert out.returncode == 2 and out.stderr.strip().startswith("error:") and "missing" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = run_cli("generate", "   ", "--model", str(tmp_path / "missing"))
+    assert out.returncode == 2
+    out = run_cli("generate", "hi", "--tau", "3", "--adapter", "none")
+    assert out.returncode == 2 and "tau" in out.stderr
+
+
+def _data(path: Path):
+    rows = [
+        {"messages": [{"role": "user", "content": "what is the capital of france ?"},
+                      {"role": "assistant", "content": "the capital of france is paris . it is a great city ."}]},
+        {"messages": [{"role": "user", "content": "add 2 + 3"},
+                      {"role": "assistant", "content": "2 + 3 = 5 . so the number is 5 ."}]},
+        {"messages": [{"role": "user", "content": "tell me a word"},
+                      {"role": "assistant", "content": "water is a good word ."}]},
+    ] * 4
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def train_args(tiny_dir, data, out, steps, *extra):
+    return ["train", "--data", str(data), "--out", str(out), "--model", str(tiny_dir), "--max-steps", str(steps),
+            "--batch-size", "2", "--grad-accum", "2", "--lr", "5e-3", "--schedule", "constant",
+            "--warmup-ratio", "0", "--save-every", "2", "--lora-r", "4", "--lora-alpha", "8", *extra]
+
+
+def test_train_resume_and_load_back(tiny_dir, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    straight = run_cli(*train_args(tiny_dir, data, tmp_path / "a", 6))
+    assert straight.returncode == 0, straight.stderr
+    # interrupted after 4 steps (its last checkpoint), then the same command resumes to 6
+    first = run_cli(*train_args(tiny_dir, data, tmp_path / "b", 4))
+    assert first.returncode == 0, first.stderr
+    resumed = run_cli(*train_args(tiny_dir, data, tmp_path / "b", 6))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming" in resumed.stdout + resumed.stderr
+    log = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    assert all("noisy" in r and "clean" in r for r in log)
+    from safetensors.torch import load_file
+
+    wa = load_file(tmp_path / "a" / "adapter_model.safetensors")
+    wb = load_file(tmp_path / "b" / "adapter_model.safetensors")
+    assert wa.keys() == wb.keys()
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    meta = json.loads((tmp_path / "a" / "mars.json").read_text())
+    assert meta["block_size"] == 4 and meta["mask_token"] == "<|mask|>" and meta["steps"] == 6
+    lm = load(str(tiny_dir), adapter=str(tmp_path / "a"))
+    assert lm.trained_block_size == 4 and lm.adapter
+    bare = load(str(tiny_dir))
+    ids = encode_prompt(lm.tokenizer, "add 2 + 3")
+    cfg = DecodeConfig(mode="ar", max_new_tokens=8)
+    assert generate_ids(lm, [ids], cfg)[0].token_ids != generate_ids(bare, [ids], cfg)[0].token_ids
+
+
+def test_train_full_finetune_writes_a_loadable_model(tiny_dir, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    out = run_cli(*train_args(tiny_dir, data, tmp_path / "f", 2, "--method", "full"))
+    assert out.returncode == 0, out.stderr
+    lm = load(str(tmp_path / "f" / "model"))
+    assert lm.trained_block_size == 4 and lm.mask_token == "<|mask|>"
+
+
+def test_train_runs_under_accelerate_launch_with_two_processes(tiny_dir, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "mars",
+           *train_args(tiny_dir, data, tmp_path / "ddp", 3)]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=ENV, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = [json.loads(x) for x in (tmp_path / "ddp" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]  # written once, by the main process
+    assert log[-1]["sequences"] % (2 * 2) == 0  # micro-batches x batch x 2 processes
+    assert json.loads((tmp_path / "ddp" / "mars.json").read_text())["processes"] == 2
+    assert (tmp_path / "ddp" / "adapter_model.safetensors").is_file()
+    lm = load(str(tiny_dir), adapter=str(tmp_path / "ddp"))
+    assert lm.adapter
