@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def _add_model_args(p: argparse.ArgumentParser):
@@ -66,7 +67,42 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=0)
     t.add_argument("--dtype", default="float32")
+    b = sub.add_parser("bench", help="benchmark MARS against AR and peers, side by side in one run")
+    b.add_argument("--prompts", required=True, help="one prompt per line, or JSONL with a 'prompt' field")
+    _add_model_args(b)
+    b.add_argument("--methods", default="hf,ar,mars", help="comma list of hf,ar,mars,lookup")
+    b.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.9, 0.7])
+    b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
+    b.add_argument("--block-size", type=int, default=None)
+    b.add_argument("--cache-block", type=int, default=32)
+    b.add_argument("--max-new-tokens", type=int, default=64)
+    b.add_argument("--limit", type=int, default=None)
+    b.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    b.add_argument("--out", default=None, help="write the results as JSON here")
     return ap
+
+
+def cmd_bench(args) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from mars.bench import BenchConfig, format_table, read_prompts, run_bench, to_json
+    from mars.loading import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts = read_prompts(args.prompts)[: args.limit]
+    cfg = BenchConfig(prompts=prompts, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
+                      taus=tuple(args.taus), batch_sizes=tuple(args.batch_sizes), block_size=args.block_size,
+                      cache_block=args.cache_block, max_new_tokens=args.max_new_tokens)
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    bar = tqdm(desc="bench", unit="batch")
+    runs = run_bench(lm, cfg, progress=lambda *a: bar.update(1))
+    bar.close()
+    print(format_table(runs))
+    if args.out:
+        Path(args.out).write_text(json.dumps(to_json(lm, cfg, runs), indent=2))
+    return 0
 
 
 def cmd_generate(args) -> int:
@@ -128,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     from mars.loading import LoadError
 
     try:
-        return {"generate": cmd_generate, "train": cmd_train}[args.command](args)
+        return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench}[args.command](args)
     except (LoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,228 @@
+"""`python -m mars bench`: MARS against AR and no-extra-parameter peers, side by side in one process.
+
+Methods, all on the same prompts and model:
+  hf     transformers greedy `generate` with its KV cache (left-padded batches)
+  ar     the core's AR mode (the baseline every speed-up is measured against)
+  mars   the core at each tau
+  lookup transformers prompt-lookup decoding (batch 1 only: transformers has no batched assisted decoding)
+Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
+(`run_bench` returns them); the table and the JSON file are written by `main`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+METHODS = ("hf", "ar", "mars", "lookup")
+
+
+@dataclass
+class BenchConfig:
+    prompts: list[str]
+    methods: tuple[str, ...] = ("hf", "ar", "mars")
+    taus: tuple[float, ...] = (1.0, 0.9, 0.7)
+    batch_sizes: tuple[int, ...] = (1,)
+    block_size: int | None = None  # None: the adapter's trained block size, else 4
+    cache_block: int = 32
+    max_new_tokens: int = 64
+    lookup_tokens: int = 10  # prompt_lookup_num_tokens for the lookup method
+
+    def __post_init__(self):
+        bad = [m for m in self.methods if m not in METHODS]
+        if bad:
+            raise ValueError(f"unknown methods {bad}; choose from {METHODS}")
+        if not self.prompts:
+            raise ValueError("no prompts to benchmark")
+
+
+@dataclass
+class Run:
+    method: str
+    tau: float | None
+    batch_size: int
+    prompts: int
+    new_tokens: int
+    forwards: int
+    tokens_per_forward: float
+    wall_s: float
+    tokens_per_s: float
+    speedup_vs_ar: float | None = None
+    exact_match_with_ar: float | None = None
+    prefix_match_with_ar: float | None = None
+    mean_nll_under_ar: float | None = None
+    peak_rss_mb: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list, repr=False)
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """One prompt per line, or JSONL with a `prompt` field."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            out.append(json.loads(line)["prompt"])
+        else:
+            out.append(line)
+    return out
+
+
+def prefix_match(reference: list[int], candidate: list[int]) -> float:
+    """Fraction of the reference reproduced before the first difference."""
+    if not reference:
+        return 1.0
+    n = 0
+    for a, b in zip(reference, candidate):
+        if a != b:
+            break
+        n += 1
+    return n / len(reference)
+
+
+def _strip(ids: list[int], eos: set[int], pad: int) -> list[int]:
+    """transformers pads finished rows; keep ids up to and including the first EOS."""
+    out = []
+    for t in ids:
+        out.append(t)
+        if t in eos:
+            break
+    return out
+
+
+class _ForwardCounter:
+    """Counts model forward calls (passes), for methods whose passes we do not drive ourselves."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.n += 1
+
+    def close(self):
+        self.handle.remove()
+
+
+def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0) -> tuple[list[list[int]], int]:
+    import torch
+
+    tok, model = lm.tokenizer, lm.model
+    pad = tok.pad_token_id if tok.pad_token_id is not None else lm.eos_token_ids[0]
+    P = max(len(p) for p in batch)
+    ids = torch.tensor([[pad] * (P - len(p)) + p for p in batch])
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in batch])
+    kw = dict(max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
+    if lookup:
+        kw["prompt_lookup_num_tokens"] = lookup
+    counter = _ForwardCounter(model)
+    try:
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, **kw)
+    finally:
+        counter.close()
+    eos = set(lm.eos_token_ids)
+    outs = [_strip(row[P:].tolist(), eos, pad) for row in out]
+    # per-row forwards: the counted passes at batch 1; in a batch every row takes one pass per token
+    return outs, (counter.n if len(batch) == 1 else sum(len(o) for o in outs))
+
+
+def _core(lm, batch, mode, tau, block, cache_block, max_new):
+    from mars.decoding import DecodeConfig, generate_ids
+
+    cfg = DecodeConfig(mode=mode, tau=1.0 if tau is None else tau, block_size=block, cache_block=cache_block,
+                       max_new_tokens=max_new)
+    results = generate_ids(lm, batch, cfg)
+    return [r.token_ids for r in results], sum(r.forwards for r in results)  # per-row forwards, summed
+
+
+def _plan(cfg: BenchConfig):
+    """(method, tau) pairs in run order: ar first, so every other run has its baseline."""
+    plan = [("ar", None)]
+    for m in cfg.methods:
+        if m == "mars":
+            plan += [("mars", t) for t in cfg.taus]
+        elif m != "ar":
+            plan.append((m, None))
+    return plan
+
+
+def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
+    from mars.decoding import encode_prompt
+    from mars.quality import mean_nll
+
+    block = cfg.block_size or lm.trained_block_size or 4
+    ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]
+    runs: list[Run] = []
+    plan = _plan(cfg)
+    for bs in cfg.batch_sizes:
+        batches = [ids[i:i + bs] for i in range(0, len(ids), bs)]
+        ar_run: Run | None = None
+        for method, tau in plan:
+            if method == "lookup" and bs > 1:
+                continue  # transformers' assisted decoding is batch 1 only
+
+            def call(batch):
+                if method in ("hf", "lookup"):
+                    return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
+                return _core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens)
+
+            call(batches[0][:1])  # warm-up
+            outputs, forwards = [], 0
+            t0 = time.perf_counter()
+            for batch in batches:
+                outs, n = call(batch)
+                outputs += outs
+                forwards += n
+                if progress:
+                    progress(method, tau, bs)
+            wall = time.perf_counter() - t0
+            new = sum(len(o) for o in outputs)
+            run = Run(method, tau, bs, len(outputs), new, forwards, new / max(1, forwards), wall, new / wall,
+                      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, outputs=outputs)
+            if method == "ar":
+                ar_run = run
+            runs.append(run)
+        for run in runs:
+            if run.batch_size != bs or ar_run is None:
+                continue
+            run.speedup_vs_ar = ar_run.wall_s / run.wall_s
+            pairs = list(zip(ar_run.outputs, run.outputs))
+            run.exact_match_with_ar = sum(a == b for a, b in pairs) / len(pairs)
+            run.prefix_match_with_ar = sum(prefix_match(a, b) for a, b in pairs) / len(pairs)
+            nll = [mean_nll(lm, p, o) for p, o in zip(ids, run.outputs) if o]
+            run.mean_nll_under_ar = sum(nll) / max(1, len(nll))
+    return runs
+
+
+def format_table(runs: list[Run]) -> str:
+    head = f"{'method':<8}{'tau':>6}{'batch':>6}{'tokens':>8}{'fwd':>7}{'tok/fwd':>9}{'wall s':>9}{'tok/s':>8}" \
+           f"{'vs ar':>7}{'exact':>7}{'prefix':>8}{'nll':>7}"
+    lines = [head, "-" * len(head)]
+    for r in runs:
+        f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
+        lines.append(
+            f"{r.method:<8}{f(r.tau, '%.2f'):>6}{r.batch_size:>6}{r.new_tokens:>8}{r.forwards:>7}"
+            f"{r.tokens_per_forward:>9.2f}{r.wall_s:>9.2f}{r.tokens_per_s:>8.1f}{f(r.speedup_vs_ar, '%.2fx'):>7}"
+            f"{f(r.exact_match_with_ar, '%.2f'):>7}{f(r.prefix_match_with_ar, '%.2f'):>8}{f(r.mean_nll_under_ar, '%.3f'):>7}"
+        )
+    return "\n".join(lines)
+
+
+def to_json(lm, cfg: BenchConfig, runs: list[Run]) -> dict:
+    import torch
+
+    return {
+        "model": lm.name,
+        "adapter": lm.adapter,
+        "block_size": cfg.block_size or lm.trained_block_size or 4,
+        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+                    "torch": torch.__version__},
+        "max_new_tokens": cfg.max_new_tokens,
+        "runs": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in runs],
+    }
