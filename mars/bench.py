@@ -153,50 +153,54 @@ def _plan(cfg: BenchConfig):
 
 
 def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
+    """Time every (method, tau) on every batch of prompts.
+
+    Methods are interleaved batch by batch (all methods on batch 1, then all on batch 2, ...), so a
+    background load on the machine falls on all of them alike and the ratios stay fair.
+    """
     from mars.decoding import encode_prompt
     from mars.quality import mean_nll
 
     block = cfg.block_size or lm.trained_block_size or 4
     ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]
     runs: list[Run] = []
-    plan = _plan(cfg)
     for bs in cfg.batch_sizes:
         batches = [ids[i:i + bs] for i in range(0, len(ids), bs)]
-        ar_run: Run | None = None
+        plan = [(m, t) for m, t in _plan(cfg) if not (m == "lookup" and bs > 1)]  # assisted decoding: batch 1 only
+
+        def call(method, tau, batch):
+            if method in ("hf", "lookup"):
+                return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
+            return _core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens)
+
         for method, tau in plan:
-            if method == "lookup" and bs > 1:
-                continue  # transformers' assisted decoding is batch 1 only
-
-            def call(batch):
-                if method in ("hf", "lookup"):
-                    return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
-                return _core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens)
-
-            call(batches[0][:1])  # warm-up
-            outputs, forwards = [], 0
-            t0 = time.perf_counter()
-            for batch in batches:
-                outs, n = call(batch)
-                outputs += outs
-                forwards += n
+            call(method, tau, batches[0][:1])  # warm-up
+        outputs = {key: [] for key in plan}
+        forwards = {key: 0 for key in plan}
+        wall = {key: 0.0 for key in plan}
+        for batch in batches:
+            for key in plan:
+                t0 = time.perf_counter()
+                outs, n = call(*key, batch)
+                wall[key] += time.perf_counter() - t0
+                outputs[key] += outs
+                forwards[key] += n
                 if progress:
-                    progress(method, tau, bs)
-            wall = time.perf_counter() - t0
-            new = sum(len(o) for o in outputs)
-            run = Run(method, tau, bs, len(outputs), new, forwards, new / max(1, forwards), wall, new / wall,
-                      peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, outputs=outputs)
-            if method == "ar":
-                ar_run = run
-            runs.append(run)
-        for run in runs:
-            if run.batch_size != bs or ar_run is None:
-                continue
-            run.speedup_vs_ar = ar_run.wall_s / run.wall_s
-            pairs = list(zip(ar_run.outputs, run.outputs))
-            run.exact_match_with_ar = sum(a == b for a, b in pairs) / len(pairs)
-            run.prefix_match_with_ar = sum(prefix_match(a, b) for a, b in pairs) / len(pairs)
-            nll = [mean_nll(lm, p, o) for p, o in zip(ids, run.outputs) if o]
-            run.mean_nll_under_ar = sum(nll) / max(1, len(nll))
+                    progress(*key, bs)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        ar = outputs[("ar", None)]
+        for key in plan:
+            method, tau = key
+            outs = outputs[key]
+            new = sum(len(o) for o in outs)
+            nll = [mean_nll(lm, p, o) for p, o in zip(ids, outs) if o]
+            runs.append(Run(
+                method, tau, bs, len(outs), new, forwards[key], new / max(1, forwards[key]), wall[key],
+                new / wall[key], speedup_vs_ar=wall[("ar", None)] / wall[key],
+                exact_match_with_ar=sum(a == b for a, b in zip(ar, outs)) / len(outs),
+                prefix_match_with_ar=sum(prefix_match(a, b) for a, b in zip(ar, outs)) / len(outs),
+                mean_nll_under_ar=sum(nll) / max(1, len(nll)), peak_rss_mb=rss, outputs=outs,
+            ))
     return runs
 
 

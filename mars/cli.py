@@ -79,7 +79,54 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, default=None)
     b.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     b.add_argument("--out", default=None, help="write the results as JSON here")
+    e = sub.add_parser("eval", help="teacher-forced draft accuracy and decoding quality on held-out data")
+    e.add_argument("--data", default="data/selfdistill/heldout.jsonl", help="self-distilled JSONL (held out)")
+    _add_model_args(e)
+    e.add_argument("--block-size", type=int, default=None)
+    e.add_argument("--limit", type=int, default=40)
+    e.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.95, 0.9, 0.8, 0.7, 0.5])
+    e.add_argument("--max-new-tokens", type=int, default=64)
+    e.add_argument("--known", default="data/prompts/known_answers.jsonl")
+    e.add_argument("--known-limit", type=int, default=40)
+    e.add_argument("--teacher-forced-only", action="store_true", help="skip generation (fast)")
+    e.add_argument("--threads", type=int, default=0)
+    e.add_argument("--out", default=None)
     return ap
+
+
+def cmd_eval(args) -> int:
+    import dataclasses
+
+    import torch
+
+    from mars.data import read_jsonl, to_example
+    from mars.decoding import encode_prompt
+    from mars.evaluate import decoding_eval, draft_accuracy
+    from mars.loading import load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    block = args.block_size or lm.trained_block_size or 4
+    records = read_jsonl(args.data)[: args.limit]
+    examples = [to_example(r, lm.tokenizer, lm.eos_token_ids[0]) for r in records]
+    report = {"model": lm.name, "adapter": lm.adapter, "block_size": block, "examples": len(examples)}
+    report["draft_accuracy"] = dataclasses.asdict(draft_accuracy(lm, examples, block))
+    print(json.dumps({"draft_accuracy": report["draft_accuracy"]["accuracy_by_distance"],
+                      "est_tokens_per_pass": report["draft_accuracy"]["est_tokens_per_pass"]}), flush=True)
+    if not args.teacher_forced_only:
+        bare = load(args.model, "none", args.mask_token, args.dtype, args.trust_remote_code) if lm.adapter else lm
+        prompts = [ex.prompt_ids for ex in examples]
+        known = None
+        if args.known and Path(args.known).is_file():
+            rows = read_jsonl(args.known)[: args.known_limit]
+            known = ([encode_prompt(lm.tokenizer, r["prompt"]) for r in rows], [r["answer"] for r in rows])
+        report["decoding"] = decoding_eval(lm, bare, prompts, args.taus, block, args.max_new_tokens, known=known)
+        for row in report["decoding"]:
+            print(json.dumps({k: v for k, v in row.items() if k != "histogram"}), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=2))
+    return 0
 
 
 def cmd_bench(args) -> int:
@@ -164,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     from mars.loading import LoadError
 
     try:
-        return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench}[args.command](args)
+        return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval}[args.command](args)
     except (LoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,126 @@
+"""`python -m mars eval`: how good a MARS checkpoint is, on held-out self-distilled data.
+
+Two kinds of measurement:
+- teacher-forced draft accuracy (one forward per example, no generation): for each mask slot, how often
+  its argmax is the AR token at that distance, and how confident it was (a calibration table). Cheap
+  enough to track during training.
+- real decoding at several tau: tokens per forward, the histogram of tokens per pass, exact and prefix
+  agreement with the same model's tau=1.0 output, the mean per-token NLL of the text under the same model
+  (AR) and under the bare model, and accuracy on known-answer questions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+from mars.objective import Example, build_batch, forward_batch
+
+
+@dataclass
+class DraftAccuracy:
+    block_size: int
+    accuracy_by_distance: dict[int, float]  # distance 2.. (mask slot o predicts distance o+2)
+    count_by_distance: dict[int, int]
+    est_tokens_per_pass: float  # if every draft matching AR were accepted, block-aligned windows
+    calibration: list[dict]  # per confidence bin: mean confidence, accuracy, count
+
+
+def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10) -> DraftAccuracy:
+    """Teacher-forced: noisy blocks over each example's response; targets are the response tokens."""
+    B = block_size
+    hits: Counter = Counter()
+    counts: Counter = Counter()
+    chains: list[int] = []
+    conf_correct: list[tuple[float, bool]] = []
+    eos = lm.eos_token_ids[0]
+    for ex in examples:
+        batch = build_batch([ex], B, lm.mask_token_id, eos, drop_prompt_noisy=True)
+        with torch.inference_mode():
+            logits = forward_batch(lm.model, batch)[0].float()  # (Lc + Ln, V)
+        Lc = batch.clean_len
+        probs = torch.softmax(logits[Lc:], -1)  # noisy part
+        conf, pred = probs.max(-1)
+        labels = batch.noisy_labels[0]
+        start = batch.position_ids[0, Lc].item()  # position of the first noisy slot (a block boundary)
+        p = len(ex.prompt_ids)
+        n = len(labels)
+        for blk in range(0, n, B):
+            if start + blk < p:
+                continue  # the block holding the end of the prompt has real tokens, not a window of masks
+            chain, alive = 1, True
+            for o in range(B - 1):  # the last slot (distance B+1) is never used by the decoder
+                i = blk + o
+                if i >= n or labels[i] < 0:
+                    break
+                ok = bool(pred[i] == labels[i])
+                counts[o + 2] += 1
+                hits[o + 2] += ok
+                conf_correct.append((float(conf[i]), ok))
+                alive = alive and ok
+                chain += alive
+            chains.append(chain)
+    edges = torch.linspace(0, 1, bins + 1).tolist()
+    calib = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        sel = [(c, k) for c, k in conf_correct if lo <= c < hi or (hi == 1.0 and c == 1.0)]
+        if sel:
+            calib.append({"bin": [round(lo, 2), round(hi, 2)], "confidence": sum(c for c, _ in sel) / len(sel),
+                          "accuracy": sum(k for _, k in sel) / len(sel), "count": len(sel)})
+    return DraftAccuracy(
+        block_size=B,
+        accuracy_by_distance={d: hits[d] / counts[d] for d in sorted(counts)},
+        count_by_distance=dict(sorted(counts.items())),
+        est_tokens_per_pass=sum(chains) / max(1, len(chains)),
+        calibration=calib,
+    )
+
+
+def known_answer_accuracy(results, answers: list[str]) -> float:
+    """Fraction of outputs containing their expected answer (case-insensitive substring)."""
+    ok = [a.lower() in r.text.lower() for r, a in zip(results, answers)]
+    return sum(ok) / max(1, len(ok))
+
+
+def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max_new: int, batch_size: int = 8,
+                  known: tuple[list[list[int]], list[str]] | None = None) -> list[dict]:
+    """Generate at each tau (batched: token-for-token the same as one by one) and score the runs."""
+    from mars.decoding import DecodeConfig, generate_ids
+    from mars.bench import prefix_match
+    from mars.quality import mean_nll
+
+    def run(ids, tau):
+        cfg = DecodeConfig(mode="mars", tau=tau, block_size=block_size, max_new_tokens=max_new)
+        out = []
+        for i in range(0, len(ids), batch_size):
+            out += generate_ids(lm, ids[i:i + batch_size], cfg)
+        return out
+
+    ref = None
+    rows = []
+    for tau in sorted(set(taus) | {1.0}, reverse=True):
+        res = run(prompts, tau)
+        if tau == 1.0:
+            ref = res
+        hist = Counter(len(s.token_ids) for r in res for s in r.steps)
+        toks = sum(len(r.token_ids) for r in res)
+        fwd = sum(r.forwards for r in res)
+        nll_self = [mean_nll(lm, p, r.token_ids) for p, r in zip(prompts, res) if r.token_ids]
+        nll_bare = [mean_nll(bare, p, r.token_ids) for p, r in zip(prompts, res) if r.token_ids] if bare else []
+        row = {
+            "tau": tau,
+            "tokens_per_forward": toks / max(1, fwd),
+            "tokens": toks,
+            "forwards": fwd,
+            "histogram": {k: hist[k] for k in sorted(hist)},
+            "exact_match_with_tau1": sum(a.token_ids == b.token_ids for a, b in zip(ref, res)) / len(res),
+            "prefix_match_with_tau1": sum(prefix_match(a.token_ids, b.token_ids) for a, b in zip(ref, res)) / len(res),
+            "mean_nll_under_ar": sum(nll_self) / max(1, len(nll_self)),
+            "mean_nll_under_bare": (sum(nll_bare) / len(nll_bare)) if nll_bare else None,
+        }
+        if known:
+            row["known_answer_accuracy"] = known_answer_accuracy(run(known[0], tau), known[1])
+        rows.append(row)
+    return rows

@@ -1,0 +1,95 @@
+"""Evaluation and benchmark harness: their numbers checked against cases whose answers are known."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from mars.bench import BenchConfig, format_table, prefix_match, read_prompts, run_bench
+from mars.evaluate import draft_accuracy
+from mars.objective import Example
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Oracle(torch.nn.Module):
+    """Predicts, at every position t, the true token t+1 (the clean sequence is known) at distances
+    up to `reach` from the last real token, and a wrong token beyond it."""
+
+    def __init__(self, seq, vocab, reach, mask_id):
+        super().__init__()
+        self.seq, self.V, self.reach, self.mask_id = seq, vocab, reach, mask_id
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids, position_ids, attention_mask=None, **_):
+        b, n = input_ids.shape
+        logits = torch.zeros(b, n, self.V)
+        for i in range(n):
+            t = int(position_ids[0, i])
+            target = self.seq[t + 1] if t + 1 < len(self.seq) else 0
+            # distance from the last real token: 1 for a real input, o + 2 for the mask at block offset o
+            d = (t % 4) + 2 if int(input_ids[0, i]) == self.mask_id else 1
+            logits[0, i, target if d <= self.reach else (target + 1) % self.V] = 10.0
+        return type("Out", (), {"logits": logits})()
+
+
+class FakeLM:
+    def __init__(self, model, mask_id):
+        self.model, self.mask_token_id = model, mask_id
+        self.eos_token_ids = [2]
+
+
+def test_draft_accuracy_counts_distances_and_chains():
+    prompt, resp = [5, 6, 7, 8, 9], list(range(20, 36)) + [2]
+    seq = prompt + resp + [2] * 8
+    for reach, acc, chain in ((4, {2: 1.0, 3: 1.0, 4: 1.0}, 4.0), (2, {2: 1.0, 3: 0.0, 4: 0.0}, 2.0)):
+        lm = FakeLM(Oracle(seq, 64, reach, mask_id=3), 3)
+        res = draft_accuracy(lm, [Example(prompt, resp)], block_size=4)
+        assert {d: round(a, 6) for d, a in res.accuracy_by_distance.items()} == acc
+        assert res.est_tokens_per_pass == chain
+        assert sum(c["count"] for c in res.calibration) == sum(res.count_by_distance.values())
+
+
+def test_prefix_match():
+    assert prefix_match([1, 2, 3, 4], [1, 2, 9, 4]) == 0.5
+    assert prefix_match([1, 2], [1, 2, 3]) == 1.0
+    assert prefix_match([], [5]) == 1.0
+
+
+def test_bench_runs_all_methods_side_by_side(tiny_lm, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("what is the capital of france ?\n{\"prompt\": \"tell me a word\"}\n\nadd 2 + 3\n")
+    prompts = read_prompts(f)
+    assert prompts == ["what is the capital of france ?", "tell me a word", "add 2 + 3"]
+    cfg = BenchConfig(prompts, methods=("hf", "ar", "mars", "lookup"), taus=(1.0, 0.0), batch_sizes=(1, 2),
+                      max_new_tokens=12)
+    runs = run_bench(tiny_lm, cfg)
+    keys = [(r.method, r.tau, r.batch_size) for r in runs]
+    assert ("lookup", None, 1) in keys and ("lookup", None, 2) not in keys
+    for r in runs:
+        if r.method == "ar" or (r.method == "mars" and r.tau == 1.0) or r.method in ("hf", "lookup"):
+            assert r.exact_match_with_ar == 1.0, r  # all greedy-exact methods agree with AR
+        if r.method == "ar":
+            assert r.speedup_vs_ar == 1.0 and r.tokens_per_forward == 1.0
+    fast = [r for r in runs if r.method == "mars" and r.tau == 0.0]
+    assert all(r.tokens_per_forward > 1.0 for r in fast)
+    assert "mars" in format_table(runs)
+
+
+def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("tell me a word\nadd 2 + 3\n")
+    out = tmp_path / "b.json"
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "mars", "bench", "--prompts", str(f), "--model", str(tiny_dir),
+                        "--methods", "hf,ar,mars", "--taus", "0.5", "--max-new-tokens", "8", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    data = json.loads(out.read_text())
+    assert {"model", "block_size", "machine", "runs"} <= set(data)
+    need = {"method", "tau", "batch_size", "prompts", "new_tokens", "forwards", "tokens_per_forward", "wall_s",
+            "tokens_per_s", "speedup_vs_ar", "exact_match_with_ar", "prefix_match_with_ar", "mean_nll_under_ar",
+            "peak_rss_mb"}
+    assert all(need <= set(run) for run in data["runs"])
