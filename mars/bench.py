@@ -5,6 +5,8 @@ Methods, all on the same prompts and model:
   ar     the core's AR mode (the baseline every speed-up is measured against)
   mars   the core at each tau
   lookup transformers prompt-lookup decoding (batch 1 only: transformers has no batched assisted decoding)
+  verified the core's lossless mode: MARS drafts checked by the model's own AR logits (tau filters drafts)
+  jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
 Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
 (`run_bench` returns them); the table and the JSON file are written by `main`.
 """
@@ -18,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-METHODS = ("hf", "ar", "mars", "lookup")
+METHODS = ("hf", "ar", "mars", "lookup", "verified", "jacobi")
 
 
 @dataclass
@@ -31,6 +33,7 @@ class BenchConfig:
     cache_block: int = 32
     max_new_tokens: int = 64
     lookup_tokens: int = 10  # prompt_lookup_num_tokens for the lookup method
+    verify_tau: float = 0.0  # verified mode: drafts below this confidence are not sent (0 = send all)
 
     def __post_init__(self):
         bad = [m for m in self.methods if m not in METHODS]
@@ -147,6 +150,8 @@ def _plan(cfg: BenchConfig):
     for m in cfg.methods:
         if m == "mars":
             plan += [("mars", t) for t in cfg.taus]
+        elif m == "verified":
+            plan.append(("verified", cfg.verify_tau))
         elif m != "ar":
             plan.append((m, None))
     return plan

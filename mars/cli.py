@@ -27,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate answers to prompts")
     g.add_argument("prompts", nargs="+", help="one user message per prompt")
     _add_model_args(g)
-    g.add_argument("--mode", default="mars", choices=["mars", "ar"])
+    g.add_argument("--mode", default="mars", choices=["mars", "ar", "verified", "jacobi"])
+    g.add_argument("--verify-groups", default="all", choices=["all", "last"],
+                   help="verified mode: a mask group per acceptance outcome (all) or one after all drafts (last)")
     g.add_argument("--tau", type=float, default=0.9)
     g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
     g.add_argument("--max-new-tokens", type=int, default=128)
@@ -164,7 +166,7 @@ def cmd_generate(args) -> int:
         mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
-        temperature=args.temperature, seed=args.seed,
+        temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups,
     )
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):

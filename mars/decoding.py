@@ -31,10 +31,11 @@ from typing import Iterator
 
 import torch
 
-from mars.acceptance import CONFIDENCE_MEASURES, accept_lengths, choose_and_score, is_finite_number
+from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
+from mars.modes import RowPlan, make_mode
 from mars.objective import additive_mask
 
-MODES = ("mars", "ar")
+MODES = ("mars", "ar", "verified", "jacobi")
 
 
 @dataclass
@@ -51,6 +52,7 @@ class DecodeConfig:
     temperature: float = 0.0  # 0 = greedy (default); > 0 = seeded sampling
     seed: int | None = None
     top_k: int = 0  # keep the top-k candidates of every proposal in the records (the app's inspector)
+    verify_groups: str = "all"  # verified mode: "all" = a mask group per acceptance outcome, "last" = one
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -68,10 +70,11 @@ class DecodeConfig:
         if not is_finite_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         self.stop_strings = tuple(s for s in self.stop_strings if s)
+        if self.verify_groups not in ("all", "last"):
+            raise ValueError(f"verify_groups must be 'all' or 'last', got {self.verify_groups!r}")
+        if self.mode in ("verified", "jacobi") and self.temperature > 0:
+            raise ValueError(f"{self.mode} mode reproduces greedy decoding: temperature must be 0")
 
-    @property
-    def proposals(self) -> int:
-        return self.block_size if self.mode == "mars" else 1
 
 
 def _check_int(name, value, lo, hi):
@@ -124,6 +127,7 @@ class PassRecord:
     input_len: int  # positions per row in this pass's forward input
     finish_reason: str | None = None  # "eos", "stop", "length", "cancelled" on the row's last pass
     candidates: list[list[tuple[int, float]]] | None = None  # top-k (id, prob) per proposal
+    drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -183,6 +187,8 @@ class _Row:
         self.pad = pad
         self.text = ""
         self.finish_reason: str | None = None
+        self.drafts: list[int] = []  # verified / jacobi: tokens proposed for the columns after the frontier
+        self.draft_conf: list[float] = []
 
     @property
     def frontier(self) -> int:
@@ -198,21 +204,21 @@ def decode_steps(
 ) -> Iterator[list[PassRecord]]:
     """Decode a batch of tokenized prompts; yield the records of every forward pass as it happens."""
     model, tok = lm.model, lm.tokenizer
-    if cfg.mode == "mars" and lm.mask_token_id is None:
-        raise ValueError("this model has no mask token: use mode 'ar', or give a mask token to use MARS")
+    if cfg.mode != "ar" and cfg.mode != "jacobi" and lm.mask_token_id is None:
+        raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    n_prop = cfg.proposals
-    n_masks = n_prop - 1
+    mode = make_mode(cfg)
     P = max(len(p) for p in prompts)
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit and P + cfg.max_new_tokens + n_prop > limit:
+    if limit and P + cfg.max_new_tokens + 2 * cfg.block_size > limit:
         raise ValueError(
             f"prompt ({P} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the model's context of {limit}"
         )
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     eos = set(lm.eos_token_ids)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     gen = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else None
     control = control or DecodeControl()
 
@@ -233,34 +239,26 @@ def decode_steps(
         t0 = time.perf_counter()
         while all(r.frontier >= block_end for r in live):
             block_end += cfg.cache_block
-        active = [r.frontier < block_end for r in live]
-
-        # 1. propose: window = uncached real tokens, then masks for active rows, right-padded to width W
         start = C if cfg.use_cache else 0
-        lengths = [r.frontier - start + (n_masks if a else 0) for r, a in zip(live, active)]
-        W = max(lengths)
+        # idle rows (at the cache-block end) feed their real tokens only and accept nothing this pass
+        plans = [mode.plan(r, cfg, tau) if r.frontier < block_end else None for r in live]
+
+        # 1. propose: one window per row, [uncached real | extras | mask groups], right-padded to width W
+        windows = [_window(r, p, start, lm.mask_token_id) for r, p in zip(live, plans)]
+        W = max(len(w.tokens) for w in windows)
         b = len(live)
-        ids = torch.full((b, W), tok.pad_token_id if tok.pad_token_id is not None else 0, dtype=torch.long)
+        ids = torch.full((b, W), pad_id, dtype=torch.long)
         pos = torch.zeros((b, W), dtype=torch.long)
-        key_window = torch.zeros((b, W), dtype=torch.bool)
-        keep: list[int] = []  # window indices whose logits are needed
-        for i, (r, a) in enumerate(zip(live, active)):
-            real = r.frontier - start
-            lo = max(start, r.pad)  # first real column in the window
-            ids[i, lo - start:real] = torch.tensor(r.tokens[lo - r.pad:], dtype=torch.long)
-            if a and n_masks:
-                ids[i, real:real + n_masks] = lm.mask_token_id
-            cols = torch.arange(start, start + W)
-            pos[i] = (cols - r.pad).clamp(min=0)
-            key_window[i, lo - start:lengths[i]] = True
-            if a:
-                keep.extend(range(real - 1, real - 1 + n_prop))
-        keep_idx = sorted(set(keep))
-        keys_ok = torch.cat([key_ok[:, :start] if cfg.use_cache else key_ok[:, :0], key_window], dim=1)
-        q_cols = torch.arange(start, start + W)[:, None]
-        k_cols = torch.arange(0, start + W)[None, :]
-        allowed = (k_cols <= q_cols)[None] & keys_ok[:, None, :]  # (b, W, start + W)
-        allowed |= (k_cols == q_cols)[None]  # padding queries see themselves: no empty softmax rows
+        local = torch.zeros((b, W, W), dtype=torch.bool)
+        for i, w in enumerate(windows):
+            n = len(w.tokens)
+            ids[i, :n] = torch.tensor(w.tokens)
+            pos[i, :n] = torch.tensor(w.positions)
+            local[i, :n, :n] = w.allowed
+        keep_idx = sorted({k for w in windows for k in w.reads})
+        cached = key_ok[:, :start] if cfg.use_cache else key_ok[:, :0]
+        allowed = torch.cat([cached[:, None, :].expand(b, W, start), local], dim=2)  # (b, W, start + W)
+        allowed[:, torch.arange(W), start + torch.arange(W)] = True  # padding queries see themselves
         with torch.inference_mode():
             out = model(
                 input_ids=ids.to(device),
@@ -274,18 +272,17 @@ def decode_steps(
         where = {k: j for j, k in enumerate(keep_idx)}
 
         # 2. score and 3. accept, row by row
-        fed = [r.frontier for r in live]  # columns fed as real tokens this pass
+        valid = [r.frontier for r in live]  # per row: columns whose KV this pass computed from real inputs
         records: list[PassRecord] = []
-        for i, (r, a) in enumerate(zip(live, active)):
-            if not a:
+        for i, (r, plan, w) in enumerate(zip(live, plans, windows)):
+            if plan is None:
                 continue
-            real = r.frontier - start
-            sel = torch.tensor([where[k] for k in range(real - 1, real - 1 + n_prop)])
-            row_logits = logits[i, sel]  # (n_prop, V)
-            tokens, conf = choose_and_score(row_logits, cfg.confidence, cfg.temperature, gen)
-            n = int(accept_lengths(conf[None], tau, cfg.max_tokens_per_pass)[0])
-            props, confs = tokens.tolist(), conf.tolist()
-            n, reason = _apply_limits(props, n, len(r.generated), cfg.max_new_tokens, eos)
+            main = logits[i, [where[k] for k in w.main_reads]]
+            groups = [logits[i, [where[k] for k in g]] for g in w.group_reads]
+            res = mode.accept(r, plan, main, groups, cfg, tau, gen)
+            valid[i] += res.verified_extra
+            props = res.tokens
+            n, reason = _apply_limits(props, len(props), len(r.generated), cfg.max_new_tokens, eos)
             n, reason = _apply_stop_strings(tok, r, props, n, cfg.stop_strings, reason)
             accepted = props[:n]
             r.tokens.extend(accepted)
@@ -294,8 +291,8 @@ def decode_steps(
             r.text = new_text
             r.finish_reason = reason
             cands = None
-            if cfg.top_k:
-                probs = torch.softmax(row_logits, dim=-1).topk(cfg.top_k, dim=-1)
+            if cfg.top_k and res.proposal_logits is not None:
+                probs = torch.softmax(res.proposal_logits, dim=-1).topk(cfg.top_k, dim=-1)
                 cands = [list(zip(ix.tolist(), [round(v, 6) for v in pv.tolist()])) for pv, ix in zip(*probs)]
             records.append(
                 PassRecord(
@@ -303,25 +300,25 @@ def decode_steps(
                     pass_index=pass_index,
                     token_ids=accepted,
                     text=piece,
-                    confidences=confs[:n],
-                    rejected_token_ids=props[n:],
-                    rejected_confidences=confs[n:],
+                    confidences=res.confidences[:n],
+                    rejected_token_ids=props[n:] + res.rejected,
+                    rejected_confidences=res.confidences[n:] + res.rejected_confidences,
                     tau=tau,
                     seconds=0.0,
                     cache_len=C,
                     input_len=W,
                     finish_reason=reason,
                     candidates=cands,
+                    drafts_sent=len(plan.extra),
                 )
             )
 
-        # 4. cache: keep what every row fed as real tokens, drop masks and run-ahead tokens
+        # 4. cache: keep the columns every row computed from real inputs; drop masks and run-ahead tokens
         if cfg.use_cache:
-            commit = min(fed) - C  # columns [C, C + commit) are real for every row
-            cache.crop(-(W - commit)) if W > commit else None
-            new_ok = torch.stack(
-                [torch.arange(C, C + commit) >= r.pad for r in live]
-            ) if commit else torch.zeros((b, 0), dtype=torch.bool)
+            commit = min(valid) - C  # columns [C, C + commit) hold real tokens' KV for every row
+            if W > commit:
+                cache.crop(-(W - commit))
+            new_ok = torch.stack([torch.arange(C, C + commit) >= r.pad for r in live])
             key_ok = torch.cat([key_ok, new_ok], dim=1)
             C += commit
         done = [i for i, r in enumerate(live) if r.finish_reason is not None]
@@ -336,6 +333,54 @@ def decode_steps(
             rec.seconds = elapsed
         pass_index += 1
         yield records
+
+
+@dataclass
+class _RowWindow:
+    tokens: list[int]
+    positions: list[int]
+    allowed: torch.Tensor  # (n, n) bool: which window inputs each window input may attend to
+    main_reads: list[int]  # window indices of the last real token and of each extra
+    group_reads: list[list[int]]  # window indices of each mask group
+
+    @property
+    def reads(self) -> list[int]:
+        return self.main_reads + [k for g in self.group_reads for k in g]
+
+
+def _window(row: _Row, plan: RowPlan | None, start: int, mask_id: int | None) -> _RowWindow:
+    """One row's part of the forward input.
+
+    Main chain: columns [start, F) (left padding, then uncached real tokens), then the plan's extras at
+    columns F, F+1, ...: causal among themselves, as an ordinary sequence. Mask group (j, n): n masks at
+    the positions right after extra j, seeing the real tokens, the first j extras and the group's earlier
+    masks, nothing else.
+    """
+    F = row.frontier
+    lo = max(start, row.pad)
+    extra = plan.extra if plan else []
+    groups = plan.groups if plan else []
+    tokens = [0] * (lo - start) + row.tokens[lo - row.pad:] + list(extra)
+    n_main = len(tokens)
+    positions = [max(0, c - row.pad) for c in range(start, start + n_main)]
+    n_real = F - start  # window index just after the last real token
+    group_reads = []
+    for j, n in groups:
+        first = len(tokens)
+        tokens += [mask_id] * n
+        positions += [F - row.pad + j + o for o in range(n)]
+        group_reads.append(list(range(first, first + n)))
+    size = len(tokens)
+    idx = torch.arange(size)
+    is_main = idx < n_main
+    valid = is_main & (idx >= lo - start)  # left padding is never a key
+    allowed = (idx[None, :] <= idx[:, None]) & (is_main[:, None] & valid[None, :])
+    for (j, n), reads in zip(groups, group_reads):
+        g = torch.tensor(reads)
+        allowed[g[:, None], torch.arange(n_real + j)[None, :]] = valid[: n_real + j][None, :]
+        allowed[g[:, None], g[None, :]] = g[None, :] <= g[:, None]
+    main_reads = list(range(n_real - 1, n_real + len(extra))) if plan else []
+    return _RowWindow(tokens, positions, allowed, main_reads, group_reads)
 
 
 def _apply_limits(props: list[int], n: int, n_generated: int, max_new: int, eos: set[int]):

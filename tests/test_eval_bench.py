@@ -63,13 +63,13 @@ def test_bench_runs_all_methods_side_by_side(tiny_lm, tmp_path):
     f.write_text("what is the capital of france ?\n{\"prompt\": \"tell me a word\"}\n\nadd 2 + 3\n")
     prompts = read_prompts(f)
     assert prompts == ["what is the capital of france ?", "tell me a word", "add 2 + 3"]
-    cfg = BenchConfig(prompts, methods=("hf", "ar", "mars", "lookup"), taus=(1.0, 0.0), batch_sizes=(1, 2),
+    cfg = BenchConfig(prompts, methods=("hf", "ar", "mars", "lookup", "verified", "jacobi"), taus=(1.0, 0.0), batch_sizes=(1, 2),
                       max_new_tokens=12)
     runs = run_bench(tiny_lm, cfg)
     keys = [(r.method, r.tau, r.batch_size) for r in runs]
     assert ("lookup", None, 1) in keys and ("lookup", None, 2) not in keys
     for r in runs:
-        if r.method == "ar" or (r.method == "mars" and r.tau == 1.0) or r.method in ("hf", "lookup"):
+        if r.method in ("ar", "hf", "lookup", "verified", "jacobi") or (r.method == "mars" and r.tau == 1.0):
             assert r.exact_match_with_ar == 1.0, r  # all greedy-exact methods agree with AR
         if r.method == "ar":
             assert r.speedup_vs_ar == 1.0 and r.tokens_per_forward == 1.0
