@@ -150,7 +150,15 @@ def cmd_bench(args) -> int:
     bar.close()
     print(format_table(runs))
     if args.out:
-        Path(args.out).write_text(json.dumps(to_json(lm, cfg, runs), indent=2))
+        from mars.plots import bench_html, bench_png
+
+        data = to_json(lm, cfg, runs)
+        out = Path(args.out)
+        out.write_text(json.dumps(data, indent=2))
+        if any(r["method"] == "mars" for r in data["runs"]):
+            bench_png(data, out.with_suffix(".png"))
+            bench_html(data, out.with_suffix(".html"))
+        print(f"wrote {out} and its plots", file=sys.stderr)
     return 0
 
 

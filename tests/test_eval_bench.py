@@ -93,3 +93,21 @@ def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
             "tokens_per_s", "speedup_vs_ar", "exact_match_with_ar", "prefix_match_with_ar", "mean_nll_under_ar",
             "peak_rss_mb"}
     assert all(need <= set(run) for run in data["runs"])
+
+
+def test_report_plots_are_written(tmp_path):
+    from mars.plots import bench_png, calibration_png, loss_png, pareto_png
+
+    data = {"model": "m", "adapter": None, "runs": [
+        {"method": "mars", "tau": t, "batch_size": bs, "tokens_per_forward": 1 + (1 - t), "speedup_vs_ar": 1 + (1 - t) / 2}
+        for t in (1.0, 0.9, 0.5) for bs in (1, 4)]}
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"seconds": 60 * i, "noisy": 5 - i / 10, "clean": 1 - i / 100}) + "\n"
+                           for i in range(10)))
+    report = {"decoding": [{"tau": 1.0, "tokens_per_forward": 1.0, "mean_nll_under_ar": 0.5},
+                           {"tau": 0.5, "tokens_per_forward": 1.4, "mean_nll_under_ar": 0.7}],
+              "draft_accuracy": {"calibration": [{"confidence": 0.2, "accuracy": 0.1, "count": 5},
+                                                 {"confidence": 0.9, "accuracy": 0.8, "count": 2}]}}
+    for p in (bench_png(data, tmp_path / "b.png"), loss_png(log, tmp_path / "l.png"),
+              pareto_png({"x": report}, tmp_path / "p.png"), calibration_png(report, tmp_path / "c.png")):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000

@@ -1,0 +1,110 @@
+"""Static plots for reports (PNG via matplotlib, interactive HTML via plotly): pure data in, file out.
+
+The app draws its own live charts in `mars.viz`; these are for README, model cards and closing notes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no screen here
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bench_png(data: dict, path: str | Path) -> Path:
+    """Tokens per forward and speed-up vs AR against tau, one line per batch size (the bench JSON)."""
+    plt = _plt()
+    runs = [r for r in data["runs"] if r["method"] == "mars"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for bs in sorted({r["batch_size"] for r in runs}):
+        rs = sorted((r for r in runs if r["batch_size"] == bs), key=lambda r: r["tau"])
+        taus = [r["tau"] for r in rs]
+        axes[0].plot(taus, [r["tokens_per_forward"] for r in rs], "o-", label=f"batch {bs}")
+        axes[1].plot(taus, [r["speedup_vs_ar"] for r in rs], "o-", label=f"batch {bs}")
+    axes[0].set(xlabel="tau", ylabel="tokens per forward", title="MARS: tokens per forward pass")
+    axes[1].axhline(1.0, color="grey", lw=1, ls="--")
+    axes[1].set(xlabel="tau", ylabel="wall-clock speed-up vs AR", title="MARS vs the core's AR mode")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{data.get('model')} + {Path(data.get('adapter') or 'no adapter').name}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def bench_html(data: dict, path: str | Path) -> Path:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    runs = [r for r in data["runs"] if r["method"] == "mars"]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens per forward", "speed-up vs AR"))
+    for bs in sorted({r["batch_size"] for r in runs}):
+        rs = sorted((r for r in runs if r["batch_size"] == bs), key=lambda r: r["tau"])
+        x = [r["tau"] for r in rs]
+        fig.add_trace(go.Scatter(x=x, y=[r["tokens_per_forward"] for r in rs], name=f"batch {bs}"), 1, 1)
+        fig.add_trace(go.Scatter(x=x, y=[r["speedup_vs_ar"] for r in rs], name=f"batch {bs} speed-up"), 1, 2)
+    fig.update_xaxes(title_text="tau")
+    fig.write_html(str(path), include_plotlyjs="cdn")
+    return Path(path)
+
+
+def loss_png(log_path: str | Path, path: str | Path, title: str = "") -> Path:
+    """Noisy and clean loss against training minutes, from a trainer's log.jsonl."""
+    plt = _plt()
+    rows = [json.loads(x) for x in Path(log_path).read_text().splitlines() if x.strip()]
+    minutes = [r["seconds"] / 60 for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(minutes, [r["noisy"] for r in rows], label="noisy (mask) loss")
+    ax.plot(minutes, [r["clean"] for r in rows], label="clean (SFT) loss")
+    ax.set(xlabel="training minutes", ylabel="cross-entropy", title=title or "MARS training")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def pareto_png(evals: dict[str, dict], path: str | Path) -> Path:
+    """Tokens per forward against quality (AR-mode NLL of the text), one curve per checkpoint: Fig. 3."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, report in evals.items():
+        rows = sorted(report["decoding"], key=lambda r: -r["tau"])
+        ax.plot([r["tokens_per_forward"] for r in rows], [r["mean_nll_under_ar"] for r in rows], "o-", label=name)
+        for r in rows:
+            ax.annotate(f"{r['tau']:g}", (r["tokens_per_forward"], r["mean_nll_under_ar"]), fontsize=7)
+    ax.set(xlabel="tokens per forward pass", ylabel="mean NLL of the text under the model in AR mode",
+           title="speed / quality trade-off (labels: tau)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def calibration_png(report: dict, path: str | Path) -> Path:
+    """Mask confidence against how often the mask's argmax is the AR token (teacher-forced)."""
+    plt = _plt()
+    cal = report["draft_accuracy"]["calibration"]
+    fig, ax = plt.subplots(figsize=(4.5, 4))
+    ax.plot([0, 1], [0, 1], color="grey", ls="--", lw=1)
+    ax.scatter([c["confidence"] for c in cal], [c["accuracy"] for c in cal],
+               s=[10 + 200 * c["count"] / max(1, max(x["count"] for x in cal)) for c in cal])
+    ax.set(xlabel="mask confidence (max prob)", ylabel="accuracy vs AR token", xlim=(0, 1), ylim=(0, 1),
+           title="draft calibration")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
