@@ -203,7 +203,9 @@ def check_prompt(prompt) -> str:
     return prompt
 
 
-def make_config(mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K) -> DecodeConfig:
+def make_config(
+    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K
+) -> DecodeConfig:
     """A DecodeConfig from UI or API values, with messages a visitor can act on (ValueError)."""
     if confidence not in CONFIDENCE_MEASURES:
         raise ValueError(f"confidence must be one of {', '.join(CONFIDENCE_MEASURES)}, got {confidence!r}")

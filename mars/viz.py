@@ -115,7 +115,8 @@ def render_legend_html() -> str:
     for fam in FAMILIES:
         for level, label in enumerate(("1", "2", "3", "4+")):
             color = "#ffffff" if level >= DARK_TEXT_FROM else "#111111"
-            parts.append(f'<span class="mars-swatch" style="background:{SHADES[fam][level]};color:{color}">{label}</span>')
+            style = f"background:{SHADES[fam][level]};color:{color}"
+            parts.append(f'<span class="mars-swatch" style="{style}">{label}</span>')
     parts.append("<span>tokens accepted in the pass (hover a span for its tokens and confidences)</span></div>")
     return "".join(parts)
 
@@ -198,7 +199,7 @@ _AXIS = dict(showgrid=True, gridcolor="#e6e6e6", zeroline=False, linecolor="#888
              tickcolor="#888888", automargin=True)
 
 
-def _figure(traces: list, title: str, height: int = 260, **layout) -> go.Figure:
+def _figure(traces: list, title: str, height: int = 290, **layout) -> go.Figure:
     base = dict(
         title=dict(text=title, font=dict(size=14)),
         template="none",
@@ -206,8 +207,9 @@ def _figure(traces: list, title: str, height: int = 260, **layout) -> go.Figure:
         paper_bgcolor="#ffffff",
         plot_bgcolor="#ffffff",
         height=height,
-        margin=dict(l=50, r=15, t=45, b=45),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0, font=dict(size=11)),
+        margin=dict(l=50, r=15, t=40, b=80),
+        # below the x axis title: a legend on top collides with the title in a narrow side panel
+        legend=dict(orientation="h", yanchor="top", y=-0.3, xanchor="center", x=0.5, font=dict(size=11)),
     )
     for key, value in layout.items():
         base[key] = {**_AXIS, **value} if key.startswith(("xaxis", "yaxis")) else value
@@ -296,7 +298,8 @@ def make_race_figure(mars: Sequence, ar: Sequence | None = None) -> go.Figure:
         ap, at, as_ = cumulative(ar)
         line = dict(color=AR_COLOR, width=3)
         traces += [go.Scatter(x=ap, y=at, mode="lines", name="AR", line=line),
-                   go.Scatter(x=as_, y=at, mode="lines", name="AR", line=line, showlegend=False, xaxis="x2", yaxis="y2")]
+                   go.Scatter(x=as_, y=at, mode="lines", name="AR", line=line, showlegend=False,
+                              xaxis="x2", yaxis="y2")]
     else:
         top = max(mt[-1], 1)
         traces.append(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="AR (1 token/pass)",
@@ -325,10 +328,28 @@ def make_mask_heatmap(length: int, block_size: int, noisy_start: int = 0) -> go.
     edge, end = length - 0.5, len(labels) - 0.5  # the clean | noisy seam
     seam = dict(type="line", line=dict(color=AR_COLOR, width=2))
     shapes = [dict(x0=edge, x1=edge, y0=-0.5, y1=end, **seam), dict(y0=edge, y1=edge, x0=-0.5, x1=end, **seam)]
-    title = f"Training mask, L = {length}, B = {block_size}: c = clean copy, n = noisy (masked) copy; blue = attends"
-    return _figure([heat], title, height=540, margin=dict(l=60, r=15, t=90, b=30), shapes=shapes,
-                   yaxis=dict(autorange="reversed", title=dict(text="query (row)"), showgrid=False),
-                   xaxis=dict(title=dict(text="key (column)"), side="top", showgrid=False))
+    block = dict(type="line", line=dict(color="#999999", width=1, dash="dot"))
+    bounds = [b - 0.5 for b in range(block_size, length, block_size)]  # block edges in the clean copy
+    bounds += [length + b - noisy_start - 0.5 for b in range(noisy_start + block_size, length, block_size)]
+    for b in bounds:
+        shapes += [dict(x0=b, x1=b, y0=-0.5, y1=end, **block), dict(y0=b, y1=b, x0=-0.5, x1=end, **block)]
+    title = (f"Training mask, L = {length}, B = {block_size}: rows = queries, columns = keys; "
+             "c = clean copy, n = noisy (masked) copy; blue = attends; dotted = block edges")
+    return _figure([heat], title, height=560, margin=dict(l=60, r=15, t=80, b=30), shapes=shapes,
+                   yaxis=dict(autorange="reversed", showgrid=False), xaxis=dict(side="top", showgrid=False))
+
+
+def _point_labels(rows: Sequence[dict], key: str) -> list[str]:
+    """"τ=0.9" per point; points that coincide share one label ("τ=1, 0.9") instead of overprinting."""
+    labels, first = [""] * len(rows), {}
+    for i, r in enumerate(rows):
+        spot = (round(r["tokens_per_pass"], 3), round(r[key], 3))
+        if spot in first:
+            labels[first[spot]] += f", {r['tau']:g}"
+        else:
+            first[spot] = i
+            labels[i] = f"τ={r['tau']:g}"
+    return labels
 
 
 def make_sweep_figure(rows: Sequence[dict]) -> go.Figure:
@@ -337,11 +358,11 @@ def make_sweep_figure(rows: Sequence[dict]) -> go.Figure:
     rows: {tau, tokens_per_pass, agreement, nll}; one point per tau, labelled with it.
     """
     x = [r["tokens_per_pass"] for r in rows]
-    labels = [f"τ={r['tau']:g}" for r in rows]
     traces = []
     for axis, key in (("", "agreement"), ("2", "nll")):
         traces.append(go.Scatter(
-            x=x, y=[r[key] for r in rows], text=labels, mode="markers+text+lines", textposition="top center",
+            x=x, y=[r[key] for r in rows], text=_point_labels(rows, key), mode="markers+text+lines",
+            textposition="top center",
             marker=dict(color=MARS_COLOR, size=9), line=dict(color=MARS_COLOR, dash="dot"), showlegend=False,
             hovertemplate="%{text}: %{x:.2f} tokens/pass, %{y:.3f}<extra></extra>", xaxis="x" + axis, yaxis="y" + axis,
         ))

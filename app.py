@@ -1,0 +1,435 @@
+"""MARS Playground: a Gradio Space that makes multi-token generation visible.
+
+Components and event handlers only. Decoding is `mars.decoding` (through `mars.app_state`), drawing is
+`mars.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
+choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default 1)
+torch's intra-op threads, MARS_MAX_NEW_TOKENS (default 512) the largest request.
+"""
+
+# No `from __future__ import annotations` here: Gradio reads api_generate's return annotation at runtime to
+# declare the endpoint's two outputs (text, trace), and a postponed string annotation hides them.
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import gradio as gr
+
+from mars import viz
+from mars.app_state import (
+    MAX_BLOCK, ModelHolder, Session, chain_stop_reason, check_prompt, inspector_rows, live_stats, load_other,
+    make_config, max_new_tokens_limit, parse_taus, run_trace, summary_line, sweep,
+)
+from mars.decoding import DecodeControl, encode_prompt
+
+ROOT = Path(__file__).resolve().parent
+EXAMPLES = json.loads((ROOT / "assets" / "examples.json").read_text())
+CHART_EVERY_S = 1.0  # charts are re-drawn at most this often while a run streams (text: every pass)
+
+CSS = viz.GROUPS_CSS + """
+#output .mars-text, #output-ar .mars-text { max-height: 32em; overflow-y: auto; }
+#mars-root.mars-present .mars-text { font-size: 26px; line-height: 1.6; }
+#mars-root.mars-present .mars-tile b { font-size: 2em; }
+#mars-root.mars-present #prompt textarea { font-size: 22px; }
+"""  # Gradio scopes custom CSS under .gradio-container .contain: the talk class sits on a column inside it
+THEME = gr.themes.Default(primary_hue="blue", font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+
+INTRO = """# MARS Playground
+**MARS** (Mask AutoRegression) fine-tunes an ordinary causal LM, with no new parameters, to also fill a few
+`[MASK]` positions appended to its input. Each forward pass proposes up to **B** tokens; they are accepted
+left to right while the model's confidence stays above **τ**. Below, each coloured span is what **one forward
+pass** produced. Move τ *while it runs*: the next pass uses it."""
+
+HOW_IT_WORKS = """### Training: one forward pass over [clean | noisy]
+Each training sequence appears twice: a **clean** copy and a **noisy** copy whose response tokens are all
+`[MASK]`. Both copies use positions 0..L-1; blocks are `t // B`. A clean position sees the clean positions
+before it (causal). A noisy position sees strictly earlier **clean blocks** and the noisy positions before it
+**inside its own block**. Clean never sees noisy. The loss is the usual cross-entropy on both copies.
+
+### Logit shifting
+Logits stay right-shifted as in an AR model: the output at position t predicts token t+1 in both copies.
+So the last real token predicts the next token (plain AR), and the mask at offset o inside the window
+predicts the token o+2 places after the last real token. No new head is needed.
+
+### Inference window
+Prefix = prompt + accepted tokens; append B-1 masks; one forward gives B proposals. Accept the AR token
+always, then masks left to right while confidence ≥ τ. τ = 1 is exactly AR decoding. The KV cache keeps the
+real tokens; mask entries are dropped after every pass."""
+
+EMPTY_OUTPUT = "Generated text appears here, one coloured span per forward pass."
+UNTRAINED = ("No MARS adapter is merged into this model. Unless the checkpoint itself was trained with MARS, "
+             "its mask predictions are untrained: expect about 1 token per pass and no speed-up over AR. "
+             "The machinery shown here is real; the gains need a trained model.")
+
+
+class MarsApp:
+    """The handlers, bound to one shared model holder; `build()` wires them to components."""
+
+    def __init__(self, lm_provider=None):
+        self.holder = ModelHolder(lm_provider)
+        self.c = SimpleNamespace()
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _lm(self):
+        from mars.loading import LoadError
+
+        try:
+            return self.holder.get()
+        except LoadError as e:
+            raise gr.Error(f"The model could not be loaded: {e}") from None
+
+    def _charts(self, session: Session) -> dict:
+        m = session.mars
+        recs = m.records if m else []
+        block = m.settings["block_size"] if m else 4
+        ar = session.ar.records if session.ar else None
+        return {
+            self.c.chart_tokens: viz.make_tokens_per_pass_figure([len(r.token_ids) for r in recs], block),
+            self.c.chart_conf: viz.make_confidence_figure(recs),
+            self.c.chart_race: viz.make_race_figure(recs, ar),
+        }
+
+    def _stats(self, session: Session, state: str, note: str = "") -> str:
+        return viz.render_stats_html(live_stats(session.mars, session.ar, state, session.tau, note))
+
+    def _write_files(self, session: Session, lm) -> tuple[str, str]:
+        old = session.files.get("folder")
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix="mars-run-"))
+        m, ar = session.mars, session.ar
+        html_path, json_path = folder / "mars-generation.html", folder / "mars-trace.json"
+        html_path.write_text(viz.standalone_html(m.records, m.token_texts, f"MARS generation ({lm.name})",
+                                                 m.prompt, summary_line(m, ar)), encoding="utf-8")
+        trace = {"model": lm.describe(), "mars": m.to_dict(), "ar": ar.to_dict() if ar else None}
+        json_path.write_text(json.dumps(trace, indent=1), encoding="utf-8")
+        session.files = {"folder": str(folder)}
+        return str(html_path), str(json_path)
+
+    # ----------------------------------------------------------------------------------------- handlers
+    def model_info(self):
+        """(one-line banner, full table, trained block size); loads the model on the first visit."""
+        from mars.loading import LoadError
+
+        try:
+            lm = self.holder.get()
+        except LoadError as e:
+            error = f'<div class="mars-banner">The model could not be loaded: {viz.esc(e)}</div>'
+            return error, error, gr.skip()
+        d = lm.describe()
+        mask = f'{d["mask_token"]} (id {d["mask_token_id"]})' if d["mask_token"] else "none: AR only"
+        rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
+                ("mask token", mask), ("adapter", d["adapter"] or "none"), ("dtype", d["dtype"])]
+        table = "".join(f"<tr><th>{viz.esc(k)}</th><td>{viz.esc(v)}</td></tr>" for k, v in rows)
+        notes = ([UNTRAINED] if lm.adapter is None else []) + d["warnings"]
+        banners = "".join(f'<div class="mars-banner">{viz.esc(n)}</div>' for n in notes)
+        line = " · ".join(f"{k}: <b>{viz.esc(v)}</b>" for k, v in rows[:4])
+        first = f'<div class="mars-banner">{viz.esc(notes[0])}</div>' if notes else ""
+        block = lm.trained_block_size or gr.skip()
+        table = f'<table class="mars-inspect">{table}</table>{banners}'
+        return f'<div class="mars-note">{line}</div>{first}', table, block
+
+    def set_tau(self, tau, session: Session):
+        try:
+            session.set_tau(tau)
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+
+    def stop(self, session: Session):
+        session.stop()
+
+    def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, session: Session):
+        """Stream a MARS run pass by pass, then (optionally) the AR baseline on the same prompt."""
+        c = self.c
+        lm = self._lm()
+        try:
+            prompt = check_prompt(prompt)
+            session.set_tau(tau)
+            cfg = make_config("mars", tau, block_size, max_new_tokens, confidence)
+            ar_cfg = make_config("ar", 1.0, 1, max_new_tokens, confidence)
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+        if lm.mask_token_id is None:
+            raise gr.Error("This model has no mask token, so it cannot run MARS. Load a model with one.")
+        ids = encode_prompt(lm.tokenizer, prompt)
+        control = session.new_control()
+        session.mars = session.ar = None
+        wait = "waiting for the MARS run…" if compare else "AR comparison is off."
+        yield {c.output: viz.render_groups_html([], placeholder="…"),
+               c.output_ar: viz.render_groups_html([], placeholder=wait)}
+
+        last_chart = time.perf_counter()
+        note = "then the AR baseline runs on the same prompt" if compare else ""
+        try:
+            for trace in run_trace(self.holder, lm, prompt, ids, cfg, control):
+                session.mars = trace
+                upd = {c.output: viz.render_groups_html(trace.records, trace.token_texts),
+                       c.stats: self._stats(session, "running", note)}
+                if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
+                    upd.update(self._charts(session))
+                    last_chart = time.perf_counter()
+                yield upd
+            if compare and not control.cancelled:
+                for trace in run_trace(self.holder, lm, prompt, ids, ar_cfg, control):
+                    session.ar = trace
+                    note = f"AR baseline: {trace.tokens} tokens in {trace.passes} passes"
+                    upd = {c.output_ar: viz.render_groups_html(trace.records, trace.token_texts),
+                           c.stats: self._stats(session, "running-ar", note)}
+                    if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
+                        upd.update(self._charts(session))
+                        last_chart = time.perf_counter()
+                    yield upd
+        except ValueError as e:  # e.g. prompt + max new tokens longer than the model's context
+            raise gr.Error(str(e)) from None
+        stopped = control.cancelled
+        m = session.mars
+        if m is None or not m.records:
+            yield {c.stats: self._stats(session, "stopped", "stopped before the first pass")}
+            return
+        if stopped and session.ar is None and compare:
+            yield {c.output_ar: viz.render_groups_html([], placeholder="stopped: no AR run.")}
+        html_path, json_path = self._write_files(session, lm)
+        final = {c.stats: self._stats(session, "stopped" if stopped else "done", summary_line(m, session.ar)),
+                 c.inspect_pass: gr.update(maximum=max(1, m.passes - 1), value=0),
+                 c.inspect: self.inspect(0, session),
+                 c.download_html: gr.update(value=html_path, interactive=True),
+                 c.download_json: gr.update(value=json_path, interactive=True)}
+        final.update(self._charts(session))
+        yield final
+
+    def inspect(self, index, session: Session) -> str:
+        m = session.mars
+        if m is None or not m.records:
+            return '<div class="mars-note">Generate first, then pick a pass to see its draft positions.</div>'
+        i = max(0, min(int(index or 0), m.passes - 1))
+        rec = m.records[i]
+        block = m.settings["block_size"]
+
+        def decode(t):
+            return m.tokenizer.decode([t])
+
+        header = (f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} "
+                  f"({rec.seconds * 1000:.0f} ms, {rec.input_len} positions in the forward input).")
+        return viz.render_inspector_html(inspector_rows(rec, decode), chain_stop_reason(rec, block), header)
+
+    def run_sweep(self, prompt, taus_text, block_size, max_new_tokens, confidence, session: Session):
+        lm = self._lm()
+        try:
+            prompt = check_prompt(prompt)
+            taus = parse_taus(taus_text)
+            base = make_config("mars", 1.0, block_size, max_new_tokens, confidence, top_k=0)
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+        ids = encode_prompt(lm.tokenizer, prompt)
+        control = session.new_control(follow_tau=False)
+        ar = session.ar
+        reuse = ar is not None and ar.finished and ar.finish_reason != "cancelled" and ar.prompt == prompt \
+            and ar.settings["max_new_tokens"] == base.max_new_tokens
+        yield {self.c.sweep_table: '<div class="mars-note">running the AR reference, then one run per tau…</div>'}
+        headers = ["tau", "passes", "tokens", "tokens/pass", "seconds", "agreement", "mean NLL"]
+        keys = ["tau", "passes", "tokens", "tokens_per_pass", "seconds", "agreement", "nll"]
+        for rows in sweep(self.holder, lm, ids, base, taus, control, ar.token_ids if reuse else None):
+            table = viz.render_table_html(headers, [[r[k] for k in keys] for r in rows])
+            yield {self.c.chart_sweep: viz.make_sweep_figure(rows), self.c.sweep_table: table}
+
+    def load_model(self, model, adapter):
+        lm, message = load_other(model, adapter)
+        if lm is not None:
+            self.holder.replace(lm)
+        return (viz.esc(message), *self.model_info())
+
+    def clear(self, session: Session):
+        """Outputs, charts and the session's traces; the prompt stays, ready to run again."""
+        session.stop()
+        session.mars = session.ar = None
+        return {self.c.output: viz.render_groups_html([], placeholder=EMPTY_OUTPUT),
+                self.c.output_ar: viz.render_groups_html([]),
+                self.c.stats: self._stats(session, "idle"), self.c.inspect: self.inspect(0, session),
+                **self._charts(session)}
+
+    def api_generate(
+        self, prompt: str, tau: float = 0.9, block_size: int = 4, max_new_tokens: int = 128
+    ) -> tuple[str, dict]:
+        """Generate an answer with MARS and return it with its per-pass trace.
+
+        Parameters:
+            prompt: the user message (it goes through the model's chat template)
+            tau: confidence threshold in [0, 1]; 1.0 is plain AR decoding, lower accepts more tokens per pass
+            block_size: proposals per forward pass (B), 1 to 16
+            max_new_tokens: how many tokens to generate at most
+        Returns:
+            the generated text, and the trace: one record per forward pass (accepted token ids and texts,
+            their confidences, the rejected proposals, tau, seconds) plus totals
+        """
+        lm = self._lm()
+        try:
+            prompt = check_prompt(prompt)
+            cfg = make_config("mars", tau, block_size, max_new_tokens, "prob", top_k=0)
+            if lm.mask_token_id is None:
+                raise ValueError("this model has no mask token, so it cannot run MARS")
+            ids = encode_prompt(lm.tokenizer, prompt)
+            trace = None
+            for trace in run_trace(self.holder, lm, prompt, ids, cfg, DecodeControl()):
+                pass
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+        return trace.text, trace.to_dict() | {"model": lm.name}
+
+    def mask(self, length, block_size):
+        return viz.make_mask_heatmap(int(length), int(block_size))
+
+    # -------------------------------------------------------------------------------------- components
+    def build(self) -> gr.Blocks:
+        limit = int(os.environ.get("MARS_CONCURRENCY", "2"))
+        with gr.Blocks(title="MARS Playground", analytics_enabled=False) as demo:
+            session = gr.State(Session())  # Gradio deep-copies it: one fresh Session per visitor
+            with gr.Column(elem_id="mars-root"):  # the large-font switch toggles a class here
+                gr.Markdown(INTRO)
+                loading = '<div class="mars-note">loading the model…</div>'
+                self.c.model_banner = gr.HTML(loading, elem_id="model-banner")
+                with gr.Tabs():
+                    with gr.Tab("Generate"):
+                        self._generate_tab()
+                    with gr.Tab("Sweep τ"):
+                        self._sweep_tab()
+                    with gr.Tab("How it works"):
+                        self._how_tab()
+                    with gr.Tab("Model"):
+                        self._model_tab()
+            self._wire(demo, session, limit)
+        demo.queue(default_concurrency_limit=limit, max_size=int(os.environ.get("MARS_QUEUE_SIZE", "64")))
+        demo.mars_app = self  # tests reach the handlers and components through it
+        return demo
+
+    def _generate_tab(self):
+        c = self.c
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                c.prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt",
+                                      placeholder="Ask something, or pick an example below")
+                gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[c.prompt], label="Examples",
+                            example_labels=[e["label"] for e in EXAMPLES], examples_per_page=12)
+                with gr.Row():
+                    c.generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                    c.stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                    c.clear = gr.Button("Clear", elem_id="clear")
+                with gr.Row():
+                    c.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, elem_id="tau",
+                                      label="τ (live: moves the running generation)")
+                    c.block = gr.Slider(1, MAX_BLOCK, value=4, step=1, label="block size B", elem_id="block-size")
+                    c.max_new = gr.Slider(8, max_new_tokens_limit(), value=128, step=8, label="max new tokens",
+                                          elem_id="max-new-tokens")
+                with gr.Row():
+                    c.confidence = gr.Dropdown(["prob", "entropy", "margin"], value="prob",
+                                               label="confidence measure", elem_id="confidence")
+                    c.compare = gr.Checkbox(True, label="then run AR on the same prompt (measured speed-up)",
+                                            elem_id="compare-ar")
+                    c.present = gr.Checkbox(False, label="large font (talks)", elem_id="present")
+                gr.HTML(viz.render_legend_html())
+                with gr.Row(equal_height=False):
+                    with gr.Column():
+                        gr.Markdown("**MARS** (τ rule, B proposals per pass)")
+                        c.output = gr.HTML(viz.render_groups_html([], placeholder=EMPTY_OUTPUT), elem_id="output")
+                    with gr.Column():
+                        gr.Markdown("**AR baseline** (same model, one token per pass)")
+                        c.output_ar = gr.HTML(viz.render_groups_html([]), elem_id="output-ar")
+                c.stats = gr.HTML(viz.render_stats_html({}), elem_id="stats")
+                with gr.Row():
+                    c.download_html = gr.DownloadButton("Download coloured HTML", interactive=False,
+                                                        elem_id="download-html", size="sm")
+                    c.download_json = gr.DownloadButton("Download trace (JSON)", interactive=False,
+                                                        elem_id="download-json", size="sm")
+                with gr.Accordion("Inspect a pass", open=True):
+                    c.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
+                    c.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
+            with gr.Column(scale=2):
+                c.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure([], 4), show_label=False,
+                                         elem_id="chart-tokens")
+                c.chart_conf = gr.Plot(viz.make_confidence_figure([]), show_label=False, elem_id="chart-conf")
+                c.chart_race = gr.Plot(viz.make_race_figure([]), show_label=False, elem_id="chart-race")
+
+    def _sweep_tab(self):
+        c = self.c
+        gr.Markdown("Runs the current prompt (Generate tab settings) once per τ and compares each run with the "
+                    "AR output: **agreement** = exact common prefix / longer length; **mean NLL** = the AR "
+                    "model's negative log-likelihood of the text (nats/token).")
+        with gr.Row():
+            c.sweep_taus = gr.Textbox("1.0, 0.9, 0.8, 0.7, 0.5", label="τ values", elem_id="sweep-taus")
+            c.sweep_btn = gr.Button("Sweep τ", variant="primary", elem_id="sweep")
+            c.sweep_stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+        c.chart_sweep = gr.Plot(viz.make_sweep_figure([]), show_label=False, elem_id="chart-sweep")
+        c.sweep_table = gr.HTML(elem_id="sweep-table")
+
+    def _how_tab(self):
+        c = self.c
+        with gr.Row():
+            c.mask_len = gr.Slider(2, 24, value=8, step=1, label="sequence length L", elem_id="mask-length")
+            c.mask_block = gr.Slider(1, 8, value=4, step=1, label="block size B", elem_id="mask-block")
+        c.chart_mask = gr.Plot(viz.make_mask_heatmap(8, 4), show_label=False, elem_id="chart-mask")
+        gr.Markdown(HOW_IT_WORKS)
+
+    def _model_tab(self):
+        c = self.c
+        c.model_info = gr.HTML('<div class="mars-note">loading…</div>', elem_id="model-info")
+        gr.Markdown("Load another checkpoint by Hub id (e.g. `Xalphinions/MARS-Qwen2.5-0.5B-blk4`) or local "
+                    "folder. It replaces the model for **everyone** on this server.")
+        with gr.Row():
+            c.model_id = gr.Textbox(label="Hub id or folder", elem_id="model-id")
+            c.model_adapter = gr.Textbox(label="adapter folder (optional)", elem_id="model-adapter")
+        c.load_btn = gr.Button("Load", elem_id="load-model")
+        c.model_message = gr.HTML(elem_id="model-message")
+
+    def _wire(self, demo: gr.Blocks, session: gr.State, limit: int):
+        c = self.c
+        # the public API first, so that it owns the name "generate"; UI events are private
+        gr.api(self.api_generate, api_name="generate", concurrency_id="model", concurrency_limit=limit)
+        # streaming events hide Gradio's per-output progress overlays: the stats tiles say what is running, and
+        # the overlays' animation competes with the stream for the browser's main thread
+        model_events = dict(concurrency_id="model", concurrency_limit=limit, api_visibility="private",
+                            show_progress="hidden", trigger_mode="once")
+        quick = dict(queue=False, api_visibility="private")  # tau, stop: must act while a run holds the queue
+        demo.load(self.model_info, None, [c.model_banner, c.model_info, c.block], api_visibility="private")
+        gen_outputs = [c.output, c.output_ar, c.stats, c.chart_tokens, c.chart_conf, c.chart_race,
+                       c.inspect_pass, c.inspect, c.download_html, c.download_json]
+        gen_inputs = [c.prompt, c.tau, c.block, c.max_new, c.confidence, c.compare, session]
+        c.generate.click(self.generate, gen_inputs, gen_outputs, api_name="ui_generate", **model_events)
+        c.prompt.submit(self.generate, gen_inputs, gen_outputs, api_name="ui_generate_submit", **model_events)
+        c.tau.change(self.set_tau, [c.tau, session], None, **quick)
+        c.stop.click(self.stop, [session], None, **quick)
+        c.sweep_stop.click(self.stop, [session], None, **quick)
+        c.clear.click(self.clear, [session], [c.output, c.output_ar, c.stats, c.inspect,
+                                               c.chart_tokens, c.chart_conf, c.chart_race], **quick)
+        c.inspect_pass.change(self.inspect, [c.inspect_pass, session], [c.inspect], **quick)
+        toggle = "(on) => { document.getElementById('mars-root').classList.toggle('mars-present', on); return []; }"
+        c.present.change(None, [c.present], None, js=toggle)
+        c.sweep_btn.click(self.run_sweep, [c.prompt, c.sweep_taus, c.block, c.max_new, c.confidence, session],
+                          [c.chart_sweep, c.sweep_table], **model_events)
+        for slider in (c.mask_len, c.mask_block):
+            slider.change(self.mask, [c.mask_len, c.mask_block], [c.chart_mask], **quick)
+        c.load_btn.click(self.load_model, [c.model_id, c.model_adapter],
+                         [c.model_message, c.model_banner, c.model_info, c.block],
+                         concurrency_limit=1, api_visibility="private")
+
+
+def create_demo(lm_provider=None) -> gr.Blocks:
+    """The app. lm_provider: a zero-argument callable returning a LoadedModel (default: env MARS_MODEL /
+    MARS_ADAPTER through mars.loading.load), called lazily, once, and shared by every visitor."""
+    return MarsApp(lm_provider).build()
+
+
+def launch(demo: gr.Blocks | None = None, **kwargs):
+    """Launch with the app's theme and CSS (Gradio 6 takes them at launch)."""
+    import torch
+
+    # One intra-op thread by default: on a small shared CPU, a second OpenMP thread that has to wait for a busy
+    # core turned 60-120 ms passes into ~2 s ones (measured on 2 shared cores); MARS_THREADS overrides.
+    torch.set_num_threads(int(os.environ.get("MARS_THREADS", "1")))
+    demo = demo or create_demo()
+    return demo.launch(theme=THEME, css=CSS, **kwargs)
+
+
+if __name__ == "__main__":
+    launch()

@@ -1,0 +1,306 @@
+"""The app's handlers with the tiny model: streaming, live tau, stop, AR comparison, the API, bad input.
+
+Handlers are called directly (they are plain generator functions); one test also serves the app over HTTP
+and calls the public `generate` endpoint with gradio_client, and one runs `python app.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+import app as app_module
+from mars.app_state import Session, load_other
+from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+from tiny import make_loaded, save_tiny
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = "what is the capital of france ?"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def run_files_in_tmp(tmp_path_factory):
+    """The app writes each run's downloads under tempfile's folder: keep them in pytest's."""
+    import tempfile
+
+    old = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("runs"))
+    yield
+    tempfile.tempdir = old
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return make_loaded()
+
+
+@pytest.fixture(scope="module")
+def ui(lm):
+    return app_module.create_demo(lambda: lm).mars_app
+
+
+def groups(html: str) -> list[dict]:
+    found = []
+
+    class P(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            a = dict(attrs)
+            if "mars-group" in a.get("class", ""):
+                found.append(a)
+
+    P().feed(html)
+    return found
+
+
+def run(ui, session, prompt=PROMPT, tau=0.9, block=4, max_new=40, compare=False, confidence="prob"):
+    return ui.generate(prompt, tau, block, max_new, confidence, compare, session)
+
+
+def greedy(lm, prompt, mode, tau=0.9, max_new=40):
+    ids = encode_prompt(lm.tokenizer, prompt)
+    return generate_ids(lm, [ids], DecodeConfig(mode=mode, tau=tau, max_new_tokens=max_new))[0]
+
+
+def test_generation_streams_one_update_per_pass(ui, lm):
+    session = Session()
+    counts = [len(groups(u[ui.c.output])) for u in run(ui, session) if ui.c.output in u]
+    passes = session.mars.passes
+    assert passes > 3
+    assert counts[0] == 0  # the placeholder that clears the previous run
+    assert counts[1:passes + 1] == list(range(1, passes + 1))  # then exactly one more group per forward pass
+    expected = greedy(lm, PROMPT, "mars")
+    assert session.mars.token_ids == expected.token_ids and session.mars.text == expected.text
+
+
+def test_tau_set_during_a_run_steers_the_next_passes(ui):
+    session = Session()
+    stream = run(ui, session, tau=0.9)
+    next(stream)  # placeholder
+    for _ in range(3):
+        next(stream)
+    ui.set_tau(0.05, session)  # what the slider's change event does
+    last = None
+    for last in stream:
+        pass
+    taus = [r.tau for r in session.mars.records]
+    assert taus[:3] == [0.9] * 3 and set(taus[3:]) == {0.05}
+    assert groups(ui.inspect(0, session)) == []  # the inspector is a table, not groups
+    assert json.loads(Path(last[ui.c.download_json]["value"]).read_text())["mars"]["passes"][3]["tau"] == 0.05
+
+
+def test_tau_of_one_session_does_not_touch_another(ui):
+    a, b = Session(), Session()
+    run_a = run(ui, a)
+    next(run_a), next(run_a)
+    run_b = run(ui, b)
+    next(run_b), next(run_b)
+    ui.set_tau(0.2, a)
+    assert a.control.tau == 0.2 and b.control.tau == 0.9
+    run_a.close(), run_b.close()
+
+
+def test_stop_ends_the_run_within_one_pass(ui):
+    session = Session()
+    stream = run(ui, session, compare=True)
+    next(stream)
+    next(stream), next(stream)
+    at_stop = session.mars.passes
+    ui.stop(session)
+    updates = list(stream)
+    assert session.mars.passes <= at_stop + 1
+    assert session.mars.finish_reason == "cancelled" and session.ar is None
+    assert 'data-state="stopped"' in updates[-1][ui.c.stats]
+
+
+def test_ar_comparison_runs_after_mars_on_the_same_core(ui, lm):
+    session = Session()
+    updates = list(run(ui, session, tau=1.0, compare=True))
+    ar, mars = session.ar, session.mars
+    assert ar.mode == "ar" and all(len(r.token_ids) == 1 for r in ar.records)
+    assert ar.token_ids == greedy(lm, PROMPT, "ar").token_ids
+    assert mars.token_ids == ar.token_ids  # tau = 1 is exactly AR
+    assert ar.started >= mars.finished  # sequential, so both timings are honest
+    final = updates[-1]
+    assert 'data-state="done"' in final[ui.c.stats] and "× " not in final[ui.c.stats]
+    assert "speed-up vs AR" in final[ui.c.stats] and "—" not in final[ui.c.stats]
+    assert len(groups(final[ui.c.output_ar] if ui.c.output_ar in final else
+                      [u for u in updates if ui.c.output_ar in u][-1][ui.c.output_ar])) == ar.passes
+
+
+def test_inspector_explains_each_pass(ui):
+    session = Session()
+    list(run(ui, session, tau=0.05, block=4))
+    rec = session.mars.records[0]
+    html = ui.inspect(0, session)
+    assert html.count("<tr>") == 1 + 4  # header + the B proposals
+    assert "AR token (0)" in html and "mask +3" in html and "chain stopped" in html
+    last = ui.inspect(10_000, session)  # clamped to the last pass
+    assert f"Pass {session.mars.passes - 1}:" in last
+    assert len(rec.candidates) == 4 and len(rec.candidates[0]) == 5
+
+
+def test_downloads_are_standalone_and_escaped(ui):
+    session = Session()
+    prompt = 'the <script>alert(1)</script> <img src=x onerror="alert(2)"> ?'
+    final = list(run(ui, session, prompt=prompt, max_new=8))[-1]
+    page = Path(final[ui.c.download_html]["value"]).read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<script>alert" not in page and "<img" not in page
+    trace = json.loads(Path(final[ui.c.download_json]["value"]).read_text())
+    assert trace["mars"]["prompt"] == prompt and trace["mars"]["passes"][0]["token_ids"]
+
+
+def test_clear_resets_outputs_and_stops(ui):
+    session = Session()
+    stream = run(ui, session)
+    next(stream), next(stream)
+    cleared = ui.clear(session)
+    assert session.control.cancelled and session.mars is None
+    assert groups(cleared[ui.c.output]) == [] and 'data-state="idle"' in cleared[ui.c.stats]
+    assert ui.c.prompt not in cleared  # the prompt stays for the next run
+    stream.close()
+
+
+def test_sweep_compares_each_tau_with_ar(ui):
+    session = Session()
+    updates = list(ui.run_sweep(PROMPT, "1.0, 0.05", 4, 24, "prob", session))
+    table = updates[-1][ui.c.sweep_table]
+    fig = updates[-1][ui.c.chart_sweep]
+    assert table.count("<tr>") == 3
+    assert list(fig.data[0].y)[0] == 1.0  # tau = 1 reproduces the AR output exactly
+    with pytest.raises(gr.Error):
+        list(ui.run_sweep(PROMPT, "1.0, banana", 4, 24, "prob", session))
+
+
+def test_api_returns_text_and_trace(ui, lm):
+    text, trace = ui.api_generate(PROMPT, 0.5, 4, 30)
+    assert text == greedy(lm, PROMPT, "mars", tau=0.5, max_new=30).text == trace["text"]
+    assert trace["forward_passes"] == len(trace["passes"]) > 0
+    first = trace["passes"][0]
+    keys = {"pass_index", "token_ids", "token_texts", "confidences", "rejected_confidences", "tau", "seconds"}
+    assert keys <= set(first)
+    json.dumps(trace)  # plain JSON all the way down
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("", 0.9, 4, 30), ("   ", 0.9, 4, 30), (3, 0.9, 4, 30), (PROMPT, 1.5, 4, 30), (PROMPT, -0.1, 4, 30),
+     (PROMPT, "abc", 4, 30), (PROMPT, None, 4, 30), (PROMPT, float("nan"), 4, 30), (PROMPT, 0.9, 0, 30),
+     (PROMPT, 0.9, 17, 30), (PROMPT, 0.9, 2.5, 30), (PROMPT, 0.9, "4", 30), (PROMPT, 0.9, 4, 0),
+     (PROMPT, 0.9, 4, 10**7), (PROMPT, 0.9, 4, True), ("x" * 5000, 0.9, 4, 30)],
+)
+def test_api_bad_input_is_a_clear_error(ui, args):
+    with pytest.raises(gr.Error):
+        ui.api_generate(*args)
+
+
+def test_ui_bad_input_is_a_clear_error(ui):
+    with pytest.raises(gr.Error, match="empty"):
+        list(run(ui, Session(), prompt=" "))
+    with pytest.raises(gr.Error):
+        ui.set_tau(2.0, Session())
+
+
+def test_concurrent_visitors_get_their_own_greedy_result(ui, lm):
+    prompts = [PROMPT, "tell me about the water", "what is a good day", "the old man and the house"]
+    expected = {p: greedy(lm, p, "mars", tau=0.3, max_new=30).text for p in prompts}
+    got = {}
+
+    def visit(p):
+        got[p] = ui.api_generate(p, 0.3, 4, 30)[0]
+
+    threads = [threading.Thread(target=visit, args=(p,)) for p in prompts]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert got == expected
+
+
+def test_model_panel_says_when_no_adapter_is_loaded(ui):
+    banner, table, _ = ui.model_info()
+    assert "No MARS adapter" in banner and "tiny-llama" in table
+
+
+def test_loading_another_model_offline_keeps_the_current_one(ui, lm, tmp_path):
+    lm_new, message = load_other("someone/some-model", None, reachable=lambda: False)
+    assert lm_new is None and "no network access" in message and "keeps serving" in message
+    message, _, table, _ = ui.load_model(str(tmp_path / "missing"), "")
+    assert "keeps serving" in message and ui.holder.loaded is lm
+    message, *_ = ui.load_model('<img src=x onerror="alert(1)">', "")
+    assert "<img" not in message
+    folder = save_tiny(tmp_path / "tiny2", seed=1)
+    lm2, message = load_other(str(folder), "")
+    assert lm2 is not None and message.startswith("Loaded")
+
+
+def test_default_provider_reads_the_environment(tmp_path, monkeypatch):
+    from mars.app_state import default_provider
+
+    folder = save_tiny(tmp_path / "tiny")
+    monkeypatch.setenv("MARS_MODEL", str(folder))
+    monkeypatch.setenv("MARS_ADAPTER", "none")
+    loaded = default_provider()()
+    assert loaded.name == str(folder) and loaded.mask_token == "<|mask|>"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_public_api_over_http_and_bad_input_keeps_serving(lm):
+    from gradio_client import Client
+
+    demo = app_module.create_demo(lambda: lm)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+        assert list(api) == ["/generate"]  # the UI's own events stay private
+        names = [p["parameter_name"] for p in api["/generate"]["parameters"]]
+        assert names == ["prompt", "tau", "block_size", "max_new_tokens"]
+        returns = [r["python_type"]["type"] for r in api["/generate"]["returns"]]
+        assert returns[0] == "str" and returns[1].startswith("dict") and len(returns) == 2
+        with pytest.raises(Exception, match="empty"):
+            client.predict("", 0.9, 4, 20, api_name="/generate")
+        with pytest.raises(Exception, match="tau"):
+            client.predict(PROMPT, "high", 4, 20, api_name="/generate")
+        text, trace = client.predict(PROMPT, 0.5, 4, 20, api_name="/generate")  # still serving
+        assert text == greedy(lm, PROMPT, "mars", tau=0.5, max_new=20).text and trace["passes"]
+    finally:
+        demo.close()
+
+
+def test_python_app_py_honours_server_name_and_port(tmp_path):
+    folder = save_tiny(tmp_path / "tiny")
+    port = free_port()
+    env = dict(os.environ, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port), MARS_MODEL=str(folder),
+               GRADIO_ANALYTICS_ENABLED="False")
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
+                    assert r.status == 200 and b"MARS Playground" in r.read()
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.stdout.read().decode()
+                time.sleep(0.5)
+        else:
+            pytest.fail("python app.py did not serve on GRADIO_SERVER_PORT")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -1,0 +1,240 @@
+"""End to end in headless Chromium (Playwright): type, Generate, watch groups stream, move tau mid-run, Stop.
+
+The server runs in a thread on 127.0.0.1 with the tiny model saved by `save_tiny` and named by MARS_MODEL
+(loaded through the app's default provider). The model is wrapped so a run lasts long enough for a person,
+or this test, to act during it: ~50 ms per forward pass, and its EOS logit suppressed.
+
+`MARS_BROWSER_DEFAULT=1 pytest -m slow tests/test_browser.py -s` runs the same flow on the default model,
+prints the time from pressing Generate to the first coloured group, and writes assets/screenshot.png.
+Skipped cleanly when /usr/bin/chromium or the playwright package is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ROOT = Path(__file__).resolve().parent.parent
+
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing (pip install playwright==1.65.2)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def slowed(lm, delay: float = 0.05):
+    """The same model, ~`delay` s slower per pass, never ending on EOS: a run long enough to steer."""
+    import torch
+
+    forward, eos = lm.model.forward, lm.eos_token_ids
+
+    def slow_forward(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        time.sleep(delay)
+        out.logits[..., eos] = torch.finfo(out.logits.dtype).min
+        return out
+
+    lm.model.forward = slow_forward
+    return lm
+
+
+def serve(provider):
+    import app
+
+    demo = app.create_demo(provider)
+    demo.mars_app.holder.get()  # load before the clock starts: the goal is timed with the model loaded
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def run_files_in_tmp(tmp_path_factory):
+    """The app writes each run's downloads under tempfile's folder: keep them in pytest's."""
+    import tempfile
+
+    old = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("runs"))
+    yield
+    tempfile.tempdir = old
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory):
+    from mars.app_state import default_provider
+    from tiny import save_tiny
+
+    folder = save_tiny(tmp_path_factory.mktemp("tiny") / "model")
+    old = os.environ.get("MARS_MODEL")
+    os.environ["MARS_MODEL"] = str(folder)
+    base = default_provider()
+    try:
+        demo, url = serve(lambda: slowed(base()))
+    finally:
+        os.environ.pop("MARS_MODEL") if old is None else os.environ.__setitem__("MARS_MODEL", old)
+    yield url
+    demo.close()
+
+
+def open_app(browser, url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.wait_for_selector("#prompt textarea", timeout=60_000)
+    page.wait_for_selector("#model-banner b", timeout=120_000)  # the model panel has filled in
+    return page
+
+
+def set_number(page, elem_id: str, value):
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def group_attrs(page, name: str) -> list[str]:
+    return page.eval_on_selector_all("#output .mars-group", f"els => els.map(e => e.getAttribute('{name}'))")
+
+
+def press_generate(page) -> float:
+    """Seconds from pressing Generate to the first coloured group in #output."""
+    if page.locator("#output .mars-group").count():  # a previous run's groups must not count
+        page.click("#clear")
+        page.wait_for_function("document.querySelectorAll('#output .mars-group').length === 0", timeout=30_000)
+    t0 = time.perf_counter()
+    page.click("#generate")
+    page.wait_for_selector("#output .mars-group", timeout=120_000)
+    return time.perf_counter() - t0
+
+
+def test_stream_steer_and_stop(browser, tiny_server):
+    page = open_app(browser, tiny_server)
+    page.fill("#prompt textarea", "what is the capital of france ?")
+    set_number(page, "max-new-tokens", 400)
+    first = press_generate(page)
+    print(f"\ntime to first group (tiny model, 50 ms/pass): {first:.3f} s")
+
+    # groups stream in while the run goes
+    page.wait_for_function("document.querySelectorAll('#output .mars-group').length >= 5", timeout=30_000)
+    assert page.get_attribute("#stats .mars-stats-wrap", "data-state") == "running"
+    assert set(group_attrs(page, "data-tau")) == {"0.900"}
+
+    # move tau while it runs: the passes after the change carry the new tau, and accept more per pass
+    page.locator("#tau input[type=range]").fill("0.05")
+    page.wait_for_selector('#output .mars-group[data-tau="0.050"]', timeout=30_000)
+    page.wait_for_function(
+        "document.querySelectorAll('#output .mars-group[data-tau=\"0.050\"]').length >= 8", timeout=30_000)
+    taus = group_attrs(page, "data-tau")
+    switch = taus.index("0.050")
+    assert switch >= 5 and set(taus[:switch]) == {"0.900"} and set(taus[switch:]) == {"0.050"}
+    sizes = [int(s) for s in group_attrs(page, "data-size")]
+    assert max(sizes[switch:]) > 1 and set(sizes[:switch]) == {1}
+    assert page.get_attribute("#stats .mars-stats-wrap", "data-tau") == "0.050"
+    for attr in ("data-pass", "data-conf"):
+        assert all(v is not None for v in group_attrs(page, attr))
+
+    # the side charts are drawn by plotly while the run goes
+    for chart in ("chart-tokens", "chart-conf", "chart-race"):
+        page.wait_for_selector(f"#{chart} .js-plotly-plot .main-svg", timeout=30_000)
+
+    # Stop ends the run
+    t0 = time.perf_counter()
+    page.click("#stop")
+    page.wait_for_selector('#stats [data-state="stopped"]', timeout=10_000)
+    stopped_after = time.perf_counter() - t0
+    count = page.locator("#output .mars-group").count()
+    time.sleep(1.0)
+    assert page.locator("#output .mars-group").count() == count  # nothing more arrives
+    assert count < 400
+    print(f"stop took effect after {stopped_after:.3f} s")
+
+    # the inspector shows the stopped run's passes
+    page.wait_for_selector("#inspect table.mars-inspect", timeout=10_000)
+    page.close()
+
+
+def test_user_text_shows_as_text(browser, tiny_server):
+    page = open_app(browser, tiny_server)
+    page.get_by_role("tab", name="Model").click()
+    payload = '<img src=x onerror="window.__xss=1">'
+    page.fill("#model-id input, #model-id textarea", payload)
+    page.click("#load-model")
+    page.wait_for_function("document.querySelector('#model-message').innerText.includes('<img')", timeout=30_000)
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("#model-message img").count() == 0
+    page.close()
+
+
+def test_large_font_switch(browser, tiny_server):
+    page = open_app(browser, tiny_server)
+    size = "getComputedStyle(document.querySelector('#output .mars-text')).fontSize"
+    before = float(page.evaluate(size).rstrip("px"))
+    page.check("#present input")
+    page.wait_for_function(f"parseFloat({size}) > {before + 5}", timeout=10_000)
+    page.close()
+
+
+def test_how_it_works_heatmap(browser, tiny_server):
+    page = open_app(browser, tiny_server)
+    page.get_by_role("tab", name="How it works").click()
+    page.wait_for_selector("#chart-mask .js-plotly-plot .main-svg", timeout=30_000)
+    page.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("MARS_BROWSER_DEFAULT") != "1", reason="set MARS_BROWSER_DEFAULT=1 (default model)")
+def test_default_model_time_to_first_group(browser):
+    from mars.app_state import default_provider
+
+    demo, url = serve(default_provider())
+    try:
+        page = open_app(browser, url)
+        page.fill("#prompt textarea", "Write a Python function that checks whether a word is an isogram.")
+        times = []
+        for _ in range(5):  # time to first group, then stop: only the first pass matters here
+            times.append(press_generate(page))
+            page.click("#stop")
+            page.wait_for_selector('#stats [data-state="stopped"]', timeout=120_000)
+        print(f"\ntime to first group (default model, loaded): {', '.join(f'{t:.3f}' for t in times)} s; "
+              f"median {statistics.median(times):.3f} s")
+        press_generate(page)  # one full run (MARS then AR) for the screenshot
+        page.wait_for_selector('#stats [data-state="done"]', timeout=900_000)
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        shot = ROOT / "assets" / "screenshot.png"
+        page.screenshot(path=str(shot), full_page=True)
+        _shrink_png(shot)
+        assert shot.stat().st_size < 300_000
+        page.close()
+    finally:
+        demo.close()
+
+
+def _shrink_png(path: Path, budget: int = 300_000):
+    """A full-page PNG of the app is ~1 MB; a 256-colour palette keeps it sharp and under budget."""
+    from PIL import Image
+
+    img = Image.open(path).convert("RGB")
+    while True:
+        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        if path.stat().st_size < budget or img.width < 700:
+            return
+        img = img.resize((int(img.width * 0.85), int(img.height * 0.85)), Image.LANCZOS)

@@ -1,0 +1,174 @@
+"""The app's drawing functions: colouring, escaping, data attributes, and what each figure plots."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import pytest
+
+from mars import viz
+from mars.decoding import PassRecord
+from mars.objective import mars_attention_mask
+
+XSS = ["<script>alert(1)</script>", '<img src=x onerror="alert(1)">']
+
+
+def rec(i, text, ids, confs, rejected=(), tau=0.9, seconds=0.01, finish=None):
+    return PassRecord(row=0, pass_index=i, token_ids=list(ids), text=text, confidences=list(confs),
+                      rejected_token_ids=[0] * len(rejected), rejected_confidences=list(rejected), tau=tau,
+                      seconds=seconds, cache_len=0, input_len=4, finish_reason=finish)
+
+
+RECORDS = [
+    rec(0, "def f(x):", [1], [0.5], [0.2, 0.1, 0.3]),
+    rec(1, "\n    return", [2, 3], [0.8, 0.95], [0.4, 0.3]),
+    rec(2, " x + 1", [4, 5, 6], [0.7, 0.93, 0.91], [0.2], tau=0.8),
+    rec(3, "\n", [7, 8, 9, 10], [0.6, 0.99, 0.97, 0.92], [], tau=0.8),
+    rec(4, "", [11], [0.9], [0.1, 0.1, 0.1], finish="eos"),
+]
+
+
+class Tags(HTMLParser):
+    """Collects (tag, attrs) and the text, as a browser's parser would see them."""
+
+    def __init__(self, html):
+        super().__init__()
+        self.tags, self.text = [], []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def groups(self):
+        return [a for t, a in self.tags if "mars-group" in a.get("class", "").split()]
+
+
+def test_one_group_per_pass_with_its_attributes():
+    html = viz.render_groups_html(RECORDS)
+    groups = Tags(html).groups()
+    assert [g["data-pass"] for g in groups] == ["0", "1", "2", "3", "4"]
+    assert [g["data-size"] for g in groups] == ["1", "2", "3", "4", "1"]
+    assert groups[1]["data-conf"] == "0.800 0.950"
+    assert [g["data-tau"] for g in groups] == ["0.900", "0.900", "0.800", "0.800", "0.900"]
+
+
+def test_colours_alternate_and_deepen_with_group_size():
+    groups = Tags(viz.render_groups_html(RECORDS)).groups()
+    bg = [g["style"].split("background:")[1].split(";")[0] for g in groups]
+    assert all(a != b for a, b in zip(bg, bg[1:]))  # consecutive passes never share a colour
+    blue, orange = viz.SHADES["blue"], viz.SHADES["orange"]
+    assert bg[0] == blue[0] and bg[1] == orange[1] and bg[2] == blue[2] and bg[3] == orange[3]
+    assert viz.shade(0, 9) == viz.shade(0, 4)  # 4+ share the deepest shade
+    assert viz.shade(0, 4)[1] == "#ffffff" and viz.shade(0, 1)[1] == "#111111"  # readable text on each shade
+
+
+def test_text_is_preserved_exactly_in_a_pre_wrap_block():
+    html = viz.render_groups_html(RECORDS[:4])
+    parsed = Tags(html)
+    assert "".join(parsed.text) == "def f(x):\n    return x + 1\n"
+    assert parsed.tags[0][1]["class"].startswith("mars-text")
+    assert "white-space: pre-wrap" in viz.GROUPS_CSS
+
+
+def test_hover_names_pass_tokens_and_confidences():
+    texts = [["a"], ["\n", "    return"], ["x", "+", "1"], ["1", "2", "3", "4"], [""]]
+    title = Tags(viz.render_groups_html(RECORDS, texts)).groups()[1]["title"]
+    assert title.startswith("pass 1 · 2 tokens · tau 0.90")
+    assert "'\\n'  0.800" in title and "'    return'  0.950" in title
+
+
+@pytest.mark.parametrize("payload", XSS)
+def test_model_and_user_text_is_escaped(payload):
+    records = [rec(0, payload, [1], [0.5])]
+    html = viz.render_groups_html(records, [[payload]], placeholder=payload)
+    tags = {t for t, _ in Tags(html).tags}
+    assert tags == {"div", "span"}  # no script or img element was created
+    assert "".join(Tags(html).text) == payload
+    page = viz.standalone_html(records, [[payload]], payload, payload, payload)
+    assert "<script>" not in page.replace("<script>alert", "") and "<img" not in page
+    row = {"position": payload, "token": payload, "confidence": 0.5, "status": "accepted",
+           "candidates": [(payload, 0.5)]}
+    inspector = viz.render_inspector_html([row], payload, payload)
+    assert not {t for t, _ in Tags(inspector).tags} & {"script", "img"}
+    assert not {t for t, _ in Tags(viz.render_table_html([payload], [[payload]])).tags} & {"script", "img"}
+
+
+def test_end_of_text_group_is_visible():
+    groups = Tags(viz.render_groups_html(RECORDS)).groups()
+    assert groups[-1]["data-size"] == "1"
+    assert "∎" in viz.render_groups_html(RECORDS[-1:])
+
+
+def test_legend_shows_both_families_and_four_shades():
+    html = viz.render_legend_html()
+    for fam in viz.FAMILIES:
+        for colour in viz.SHADES[fam]:
+            assert colour in html
+
+
+def test_stats_tiles():
+    html = viz.render_stats_html({"passes": 10, "tokens": 25, "tokens_per_pass": 2.5, "tokens_per_second": 50.0,
+                                  "elapsed": 0.5, "speedup": None, "state": "running", "tau": 0.7})
+    attrs = Tags(html).tags[0][1]
+    assert attrs["data-state"] == "running" and attrs["data-tau"] == "0.700" and attrs["data-passes"] == "10"
+    assert "2.50" in html and "—" in html
+    assert "1.80×" in viz.render_stats_html({"speedup": 1.8})
+
+
+def test_standalone_page_is_complete():
+    page = viz.standalone_html(RECORDS, None, "title", "prompt", "summary")
+    assert page.startswith("<!DOCTYPE html>") and page.endswith("</html>")
+    assert page.count('class="mars-group"') == len(RECORDS) and ".mars-group" in page
+
+
+def test_tokens_per_pass_figure():
+    fig = viz.make_tokens_per_pass_figure([1, 2, 3, 4, 1], 4)
+    bar, ar = fig.data
+    assert bar.type == "bar" and list(bar.y) == [1, 2, 3, 4, 1]
+    assert ar.name.startswith("AR") and list(ar.y) == [1, 1]
+    assert "mean 2.20" in fig.layout.title.text
+
+
+def test_confidence_figure_separates_ar_accepted_rejected_and_draws_tau():
+    fig = viz.make_confidence_figure(RECORDS)
+    by_name = {t.name: t for t in fig.data}
+    assert len(by_name["AR token"].y) == 5  # one per pass, always accepted
+    assert sorted(by_name["accepted mask"].y) == sorted([0.95, 0.93, 0.91, 0.99, 0.97, 0.92])
+    assert len(by_name["rejected mask"].y) == 3 + 2 + 1 + 0 + 3
+    assert list(by_name["tau"].y) == [0.9, 0.9, 0.8, 0.8, 0.9]
+
+
+def test_race_figure_is_cumulative_for_both_runs():
+    ar = [rec(i, "x", [i], [0.5], seconds=0.02) for i in range(11)]
+    fig = viz.make_race_figure(RECORDS, ar)
+    names = [(t.name, t.xaxis or "x") for t in fig.data]
+    assert names == [("MARS", "x"), ("MARS", "x2"), ("AR", "x"), ("AR", "x2")]
+    assert list(fig.data[0].y) == [0, 1, 3, 6, 10, 11] and list(fig.data[0].x) == [0, 1, 2, 3, 4, 5]
+    assert fig.data[1].x[-1] == pytest.approx(0.05) and fig.data[3].x[-1] == pytest.approx(0.22)
+    reference = viz.make_race_figure(RECORDS).data[-1]  # before the AR run: AR's known 1 token per pass
+    assert reference.line.dash == "dash" and list(reference.y) == [0, 11]
+
+
+def test_mask_heatmap_draws_the_training_mask():
+    fig = viz.make_mask_heatmap(6, 2)
+    heat = fig.data[0]
+    assert [list(r) for r in heat.z] == mars_attention_mask(6, 2).int().tolist()
+    assert list(heat.x[:2]) == ["c0", "c1"] and heat.x[6] == "n0" and len(heat.x) == 12
+    assert "attends" in heat.text[0][0] and "blocked" in heat.text[0][1]
+    dotted = [sh for sh in fig.layout.shapes if sh.line.dash == "dot"]
+    assert sorted({sh.x0 for sh in dotted if sh.x0 == sh.x1}) == [1.5, 3.5, 7.5, 9.5]  # block edges, both copies
+
+
+def test_sweep_figure_plots_quality_against_tokens_per_pass():
+    rows = [{"tau": 1.0, "tokens_per_pass": 1.0, "agreement": 1.0, "nll": 1.2},
+            {"tau": 0.5, "tokens_per_pass": 2.1, "agreement": 0.4, "nll": 1.9}]
+    fig = viz.make_sweep_figure(rows)
+    assert list(fig.data[0].x) == [1.0, 2.1] and list(fig.data[0].y) == [1.0, 0.4]
+    assert list(fig.data[1].y) == [1.2, 1.9] and fig.data[1].yaxis == "y2"
+    assert list(fig.data[0].text) == ["τ=1", "τ=0.5"]
+    same = rows + [{"tau": 0.9, "tokens_per_pass": 1.0, "agreement": 1.0, "nll": 1.2}]
+    assert list(viz.make_sweep_figure(same).data[0].text) == ["τ=1, 0.9", "τ=0.5", ""]  # no overprinting
+    assert viz.make_sweep_figure([]).data[0].x in (None, ())
