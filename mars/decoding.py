@@ -10,11 +10,14 @@ rows. Row r's frontier F_r is the column after its last accepted token; columns 
 not cached (their KV was computed from mask inputs, or by a row that has run ahead of the others).
 
 One pass:
-  1. propose : each row feeds its uncached tokens [C, F_r) and, when active, B-1 masks; one forward;
-               the last real token's logits give the AR token, mask j's logits the token j+1 further on.
-  2. score   : pick a token per proposal and measure its confidence.
-  3. accept  : left to right while confidence >= tau (the first always); then EOS, stop strings, limits.
-  4. cache   : keep the KV of columns every row has fed as real tokens (up to min_r F_r); drop the rest.
+  1. propose : each row feeds its uncached tokens [C, F_r), then what its mode plans (mars: B-1 masks;
+               verified: the drafts as real tokens plus mask groups; jacobi: guesses; ar: nothing); one
+               forward; the last real token's logits give the AR token, mask j's the token j+1 further on.
+  2. score   : the mode picks tokens and measures their confidence (mars.modes).
+  3. accept  : mars: left to right while confidence >= tau (the first always); verified/jacobi: the
+               prefix the AR logits confirm; then EOS, stop strings, limits.
+  4. cache   : keep the KV of columns every row computed from real inputs (its fed tokens, plus drafts
+               that were verified); drop masks and the rest.
 Batches: a row whose frontier has reached the current cache-block end E idles (feeds no masks, accepts
 nothing) until every row has reached E; then E moves on by `cache_block`. This bounds how far rows drift
 apart, and so the width of the forward input. Idling never changes a row's output: a row's next pass
@@ -40,7 +43,7 @@ MODES = ("mars", "ar", "verified", "jacobi")
 
 @dataclass
 class DecodeConfig:
-    mode: str = "mars"  # "mars": up to B tokens per pass by the tau rule; "ar": one token per pass, no masks
+    mode: str = "mars"  # "mars" (tau rule), "ar" (one token per pass), "verified" (lossless), "jacobi"
     block_size: int = 4  # B: proposals per pass = the AR token + B-1 mask positions (as trained)
     tau: float = 0.9  # confidence threshold; a DecodeControl may change it between passes
     confidence: str = "prob"  # "prob" (paper default), "entropy" or "margin"
