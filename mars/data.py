@@ -14,8 +14,16 @@ from mars.objective import Example
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
+    """Rows of a JSONL file; a `.gz` file is read compressed (the committed datasets are)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    else:
+        text = path.read_text()
     rows = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
