@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Equal-time recipe comparison for the shipped checkpoint (issue 3). Each recipe trains for the same
+# wall time with `python -m mars train --max-minutes`, then is scored the cheap way (teacher-forced draft
+# accuracy, one forward per held-out example) and by real decoding at tau 0.9 and 0.7 on 20 prompts.
+# Resumable: a finished recipe (its eval JSON exists) is skipped; an interrupted one resumes training.
+#   MINUTES=20 THREADS=1 bash scripts/compare_recipes.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+MINUTES=${MINUTES:-20}
+THREADS=${THREADS:-1}
+DATA=${DATA:-data/selfdistill/train.jsonl.gz}
+OUT=${OUT:-runs/compare}
+mkdir -p "$OUT"
+
+common=(--data "$DATA" --max-minutes "$MINUTES" --epochs 50 --batch-size 2 --grad-accum 4 --max-length 256
+        --save-every 10 --threads "$THREADS" --schedule constant --warmup-ratio 0.02)
+declare -A recipes=(
+  [lora_b4]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 4"
+  [lora_b4_skiplast]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 4 --skip-last-slot"
+  [lora_b3]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 3 --skip-last-slot"
+  [lora_b4_lr5e4]="--method lora --lora-r 16 --lora-alpha 32 --lr 5e-4 --block-size 4 --skip-last-slot"
+  [full_b4]="--method full --lr 3e-5 --block-size 4 --skip-last-slot"
+)
+for name in "${!recipes[@]}"; do
+  dir="$OUT/$name"
+  [ -f "$dir/eval.json" ] && { echo "skip $name (done)"; continue; }
+  # shellcheck disable=SC2086
+  python -m mars train "${common[@]}" ${recipes[$name]} --out "$dir" 2>>"$dir.log" | tail -1
+  adapter="$dir"; model=()
+  if [ -d "$dir/model" ]; then adapter=none; model=(--model "$dir/model"); fi
+  python -m mars eval "${model[@]}" --adapter "$adapter" --limit 20 --taus 0.9 0.7 --max-new-tokens 48 \
+    --known-limit 20 --threads "$THREADS" --out "$dir/eval.json" 2>>"$dir.log" | tail -3
+done
+python - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+print("| recipe | CPU min | seqs | acc d2 | acc d3 | est tok/pass | tok/fwd tau .9 | tok/fwd tau .7 | NLL tau .9 | known tau .9 |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for d in sorted(p for p in out.iterdir() if (p / "eval.json").is_file()):
+    ev = json.loads((d / "eval.json").read_text()); meta = json.loads((d / "mars.json").read_text())
+    acc = ev["draft_accuracy"]["accuracy_by_distance"]; dec = {r["tau"]: r for r in ev["decoding"]}
+    print(f"| {d.name} | {meta['train_seconds']/60:.0f} | {meta['sequences']} | {acc.get('2', 0):.2f} | {acc.get('3', 0):.2f} "
+          f"| {ev['draft_accuracy']['est_tokens_per_pass']:.2f} | {dec[0.9]['tokens_per_forward']:.3f} | {dec[0.7]['tokens_per_forward']:.3f} "
+          f"| {dec[0.9]['mean_nll_under_ar']:.3f} | {dec[0.9].get('known_answer_accuracy', 0):.2f} |")
+EOF
