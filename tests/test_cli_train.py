@@ -29,7 +29,7 @@ def hf_greedy(lm, ids, n):
 def test_cli_generate_json_equals_hf_greedy_on_a_local_random_llama(tiny_dir):
     lm = load(str(tiny_dir))
     prompts = ["what is the capital of france ?", "tell me a word"]
-    for extra in (["--tau", "1.0"], ["--mode", "ar"]):
+    for extra in (["--tau", "1.0"], ["--mode", "ar"], ["--mode", "verified", "--tau", "0"]):
         out = run_cli("generate", *prompts, "--model", str(tiny_dir), "--json", "--max-new-tokens", "24", *extra)
         assert out.returncode == 0, out.stderr
         lines = [json.loads(line) for line in out.stdout.splitlines()]
