@@ -3,12 +3,14 @@
 Components and event handlers only. Decoding is `mars.decoding` (through `mars.app_state`), drawing is
 `mars.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
 choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default 1)
-torch's intra-op threads, MARS_MAX_NEW_TOKENS (default 512) the largest request.
+torch's intra-op threads, MARS_MAX_NEW_TOKENS (default 512) the largest request, MARS_MAX_PROMPT_TOKENS
+(default 1024) the longest prompt. Every limit is checked here, on the server, whatever a client sends.
 """
 
 # No `from __future__ import annotations` here: Gradio reads api_generate's return annotation at runtime to
 # declare the endpoint's two outputs (text, trace), and a postponed string annotation hides them.
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -20,14 +22,16 @@ import gradio as gr
 
 from mars import viz
 from mars.app_state import (
-    MAX_BLOCK, ModelHolder, Session, chain_stop_reason, check_prompt, inspector_rows, live_stats, load_other,
-    make_config, max_new_tokens_limit, parse_taus, run_trace, summary_line, sweep,
+    MAX_BLOCK, MODE_LABELS, ModelHolder, Session, chain_stop_reason, check_mode, check_prompt, encode_checked,
+    fit_to_model, inspector_rows, live_stats, load_other, make_config, max_new_tokens_limit, mode_name, parse_taus,
+    run_trace, summary_line, sweep,
 )
-from mars.decoding import DecodeControl, encode_prompt
+from mars.decoding import DecodeControl
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = json.loads((ROOT / "assets" / "examples.json").read_text())
 CHART_EVERY_S = 1.0  # charts are re-drawn at most this often while a run streams (text: every pass)
+LOG = logging.getLogger("mars.app")
 
 CSS = viz.GROUPS_CSS + """
 #output .mars-text, #output-ar .mars-text { max-height: 32em; overflow-y: auto; }
@@ -92,6 +96,11 @@ class MarsApp:
             self.c.chart_race: viz.make_race_figure(recs, ar),
         }
 
+    def _groups(self, trace) -> str:
+        """A run's coloured groups; in verified mode with each pass's rejected drafts struck through."""
+        rejected = trace.rejected_texts if trace.mode == "verified" else None
+        return viz.render_groups_html(trace.records, trace.token_texts, rejected_texts=rejected)
+
     def _stats(self, session: Session, state: str, note: str = "") -> str:
         return viz.render_stats_html(live_stats(session.mars, session.ar, state, session.tau, note))
 
@@ -102,8 +111,10 @@ class MarsApp:
         folder = Path(tempfile.mkdtemp(prefix="mars-run-"))
         m, ar = session.mars, session.ar
         html_path, json_path = folder / "mars-generation.html", folder / "mars-trace.json"
-        html_path.write_text(viz.standalone_html(m.records, m.token_texts, f"MARS generation ({lm.name})",
-                                                 m.prompt, summary_line(m, ar)), encoding="utf-8")
+        rejected = m.rejected_texts if m.mode == "verified" else None
+        title = f"{mode_name(m.mode)} generation ({lm.name})"
+        html_path.write_text(viz.standalone_html(m.records, m.token_texts, title, m.prompt, summary_line(m, ar),
+                                                 rejected), encoding="utf-8")
         trace = {"model": lm.describe(), "mars": m.to_dict(), "ar": ar.to_dict() if ar else None}
         json_path.write_text(json.dumps(trace, indent=1), encoding="utf-8")
         session.files = {"folder": str(folder)}
@@ -117,20 +128,20 @@ class MarsApp:
         try:
             lm = self.holder.get()
         except LoadError as e:
-            error = f'<div class="mars-banner">The model could not be loaded: {viz.esc(e)}</div>'
+            error = (f'<div class="mars-banner mars-error">The model could not be loaded: {viz.esc(e)}. The app '
+                     "keeps running: load another model in the Model tab.</div>")
             return error, error, gr.skip()
         d = lm.describe()
         mask = f'{d["mask_token"]} (id {d["mask_token_id"]})' if d["mask_token"] else "none: AR only"
         rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
                 ("mask token", mask), ("adapter", d["adapter"] or "none"), ("dtype", d["dtype"])]
         table = "".join(f"<tr><th>{viz.esc(k)}</th><td>{viz.esc(v)}</td></tr>" for k, v in rows)
-        notes = ([UNTRAINED] if lm.adapter is None else []) + d["warnings"]
+        notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banners = "".join(f'<div class="mars-banner">{viz.esc(n)}</div>' for n in notes)
         line = " · ".join(f"{k}: <b>{viz.esc(v)}</b>" for k, v in rows[:4])
-        first = f'<div class="mars-banner">{viz.esc(notes[0])}</div>' if notes else ""
         block = lm.trained_block_size or gr.skip()
         table = f'<table class="mars-inspect">{table}</table>{banners}'
-        return f'<div class="mars-note">{line}</div>{first}', table, block
+        return f'<div class="mars-note">{line}</div>{banners}', table, block
 
     def set_tau(self, tau, session: Session):
         try:
@@ -141,33 +152,33 @@ class MarsApp:
     def stop(self, session: Session):
         session.stop()
 
-    def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, session: Session):
-        """Stream a MARS run pass by pass, then (optionally) the AR baseline on the same prompt."""
+    def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, mode, session: Session):
+        """Stream a MARS (or verified MARS) run pass by pass, then (optionally) the AR baseline on the same prompt."""
         c = self.c
         lm = self._lm()
         try:
+            mode = check_mode(mode)
             prompt = check_prompt(prompt)
             session.set_tau(tau)
-            cfg = make_config("mars", tau, block_size, max_new_tokens, confidence)
+            cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, confidence))
             ar_cfg = make_config("ar", 1.0, 1, max_new_tokens, confidence)
+            ids = encode_checked(lm, prompt, cfg)
         except ValueError as e:
             raise gr.Error(str(e)) from None
-        if lm.mask_token_id is None:
-            raise gr.Error("This model has no mask token, so it cannot run MARS. Load a model with one.")
-        ids = encode_prompt(lm.tokenizer, prompt)
+        compare = bool(compare) and cfg.mode != "ar"  # a model that can only run AR has nothing to compare
         control = session.new_control()
         session.mars = session.ar = None
-        wait = "waiting for the MARS run…" if compare else "AR comparison is off."
+        wait = f"waiting for the {mode_name(cfg.mode)} run…" if compare else "AR comparison is off."
         yield {c.output: viz.render_groups_html([], placeholder="…"),
                c.output_ar: viz.render_groups_html([], placeholder=wait)}
 
         last_chart = time.perf_counter()
-        note = "then the AR baseline runs on the same prompt" if compare else ""
+        flags = "; ".join(notes)
+        note = "; ".join(filter(None, [flags, "then the AR baseline runs on the same prompt" if compare else ""]))
         try:
             for trace in run_trace(self.holder, lm, prompt, ids, cfg, control):
                 session.mars = trace
-                upd = {c.output: viz.render_groups_html(trace.records, trace.token_texts),
-                       c.stats: self._stats(session, "running", note)}
+                upd = {c.output: self._groups(trace), c.stats: self._stats(session, "running", note)}
                 if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
                     upd.update(self._charts(session))
                     last_chart = time.perf_counter()
@@ -176,14 +187,21 @@ class MarsApp:
                 for trace in run_trace(self.holder, lm, prompt, ids, ar_cfg, control):
                     session.ar = trace
                     note = f"AR baseline: {trace.tokens} tokens in {trace.passes} passes"
-                    upd = {c.output_ar: viz.render_groups_html(trace.records, trace.token_texts),
-                           c.stats: self._stats(session, "running-ar", note)}
+                    upd = {c.output_ar: self._groups(trace), c.stats: self._stats(session, "running-ar", note)}
                     if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
                         upd.update(self._charts(session))
                         last_chart = time.perf_counter()
                     yield upd
         except ValueError as e:  # e.g. prompt + max new tokens longer than the model's context
             raise gr.Error(str(e)) from None
+        except Exception as e:  # the app keeps serving; the log keeps the traceback
+            LOG.exception("generation failed")
+            raise gr.Error(f"The run failed: {type(e).__name__}: {e}") from None
+        except GeneratorExit:
+            # Gradio closes this generator when the visitor leaves (tab closed, connection lost): closing it
+            # closes the decoder's generator too, and the cancel makes sure no pass starts for nobody.
+            control.cancel()
+            raise
         stopped = control.cancelled
         m = session.mars
         if m is None or not m.records:
@@ -192,7 +210,8 @@ class MarsApp:
         if stopped and session.ar is None and compare:
             yield {c.output_ar: viz.render_groups_html([], placeholder="stopped: no AR run.")}
         html_path, json_path = self._write_files(session, lm)
-        final = {c.stats: self._stats(session, "stopped" if stopped else "done", summary_line(m, session.ar)),
+        summary = "; ".join(filter(None, [flags, summary_line(m, session.ar)]))
+        final = {c.stats: self._stats(session, "stopped" if stopped else "done", summary),
                  c.inspect_pass: gr.update(maximum=max(1, m.passes - 1), value=0),
                  c.inspect: self.inspect(0, session),
                  c.download_html: gr.update(value=html_path, interactive=True),
@@ -211,9 +230,14 @@ class MarsApp:
         def decode(t):
             return m.tokenizer.decode([t])
 
-        header = (f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} "
-                  f"({rec.seconds * 1000:.0f} ms, {rec.input_len} positions in the forward input).")
-        return viz.render_inspector_html(inspector_rows(rec, decode), chain_stop_reason(rec, block), header)
+        timing = f"({rec.seconds * 1000:.0f} ms, {rec.input_len} positions in the forward input)"
+        if m.mode == "verified":
+            header = (f"Pass {i}: {rec.drafts_sent} drafts checked against the model's own choices, "
+                      f"{len(rec.token_ids)} tokens accepted; next drafts kept at tau {rec.tau:.2f} {timing}.")
+        else:
+            header = f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} {timing}."
+        return viz.render_inspector_html(inspector_rows(rec, decode, m.mode), chain_stop_reason(rec, block, m.mode),
+                                         header)
 
     def run_sweep(self, prompt, taus_text, block_size, max_new_tokens, confidence, session: Session):
         lm = self._lm()
@@ -221,9 +245,11 @@ class MarsApp:
             prompt = check_prompt(prompt)
             taus = parse_taus(taus_text)
             base = make_config("mars", 1.0, block_size, max_new_tokens, confidence, top_k=0)
+            if lm.mask_token_id is None:
+                raise ValueError("this model has no mask token: it runs AR only, so there is no tau to sweep")
+            ids = encode_checked(lm, prompt, base)
         except ValueError as e:
             raise gr.Error(str(e)) from None
-        ids = encode_prompt(lm.tokenizer, prompt)
         control = session.new_control(follow_tau=False)
         ar = session.ar
         reuse = ar is not None and ar.finished and ar.finish_reason != "cancelled" and ar.prompt == prompt \
@@ -238,7 +264,11 @@ class MarsApp:
     def load_model(self, model, adapter):
         lm, message = load_other(model, adapter)
         if lm is not None:
-            self.holder.replace(lm)
+            try:
+                self.holder.replace(lm)  # one short pass first: a model that cannot run never replaces one that can
+            except Exception as e:  # noqa: BLE001 - the message says it; the current model keeps serving
+                LOG.exception("the loaded model failed its first pass")
+                message = f"Could not run {lm.name}: {type(e).__name__}: {e}. The current model keeps serving."
         return (viz.esc(message), *self.model_info())
 
     def clear(self, session: Session):
@@ -262,21 +292,24 @@ class MarsApp:
             max_new_tokens: how many tokens to generate at most
         Returns:
             the generated text, and the trace: one record per forward pass (accepted token ids and texts,
-            their confidences, the rejected proposals, tau, seconds) plus totals
+            their confidences, the rejected proposals, tau, seconds) plus totals, and `warnings`
         """
+        # The endpoint's four inputs are its contract (raw HTTP callers must send each one), so the mode stays a
+        # UI choice here; the core serves verified mode to the CLI and the benchmark.
         lm = self._lm()
         try:
             prompt = check_prompt(prompt)
-            cfg = make_config("mars", tau, block_size, max_new_tokens, "prob", top_k=0)
-            if lm.mask_token_id is None:
-                raise ValueError("this model has no mask token, so it cannot run MARS")
-            ids = encode_prompt(lm.tokenizer, prompt)
+            cfg, notes = fit_to_model(lm, make_config("mars", tau, block_size, max_new_tokens, "prob", top_k=0))
+            ids = encode_checked(lm, prompt, cfg)
             trace = None
             for trace in run_trace(self.holder, lm, prompt, ids, cfg, DecodeControl()):
                 pass
         except ValueError as e:
             raise gr.Error(str(e)) from None
-        return trace.text, trace.to_dict() | {"model": lm.name}
+        except Exception as e:  # the app keeps serving; the log keeps the traceback
+            LOG.exception("API generation failed")
+            raise gr.Error(f"The run failed: {type(e).__name__}: {e}") from None
+        return trace.text, trace.to_dict() | {"model": lm.name, "warnings": notes}
 
     def mask(self, length, block_size):
         return viz.make_mask_heatmap(int(length), int(block_size))
@@ -284,8 +317,11 @@ class MarsApp:
     # -------------------------------------------------------------------------------------- components
     def build(self) -> gr.Blocks:
         limit = int(os.environ.get("MARS_CONCURRENCY", "2"))
-        with gr.Blocks(title="MARS Playground", analytics_enabled=False) as demo:
-            session = gr.State(Session())  # Gradio deep-copies it: one fresh Session per visitor
+        # delete_cache: Gradio's copies of the download files older than a day go, checked every hour
+        with gr.Blocks(title="MARS Playground", analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
+            # Gradio deep-copies the value: one fresh Session per visitor; an hour after the visitor has gone,
+            # Session.close deletes its run files
+            session = gr.State(Session(), delete_callback=Session.close)
             with gr.Column(elem_id="mars-root"):  # the large-font switch toggles a class here
                 gr.Markdown(INTRO)
                 loading = '<div class="mars-note">loading the model…</div>'
@@ -322,6 +358,10 @@ class MarsApp:
                     c.block = gr.Slider(1, MAX_BLOCK, value=4, step=1, label="block size B", elem_id="block-size")
                     c.max_new = gr.Slider(8, max_new_tokens_limit(), value=128, step=8, label="max new tokens",
                                           elem_id="max-new-tokens")
+                c.mode = gr.Radio(list(MODE_LABELS), value=next(iter(MODE_LABELS)), label="decoding",
+                                  elem_id="mode",
+                                  info="Verified: the model checks last pass's drafts itself, so the text is "
+                                       "exactly AR's; struck-through text = drafts it rejected")
                 with gr.Row():
                     c.confidence = gr.Dropdown(["prob", "entropy", "margin"], value="prob",
                                                label="confidence measure", elem_id="confidence")
@@ -394,7 +434,7 @@ class MarsApp:
         demo.load(self.model_info, None, [c.model_banner, c.model_info, c.block], api_visibility="private")
         gen_outputs = [c.output, c.output_ar, c.stats, c.chart_tokens, c.chart_conf, c.chart_race,
                        c.inspect_pass, c.inspect, c.download_html, c.download_json]
-        gen_inputs = [c.prompt, c.tau, c.block, c.max_new, c.confidence, c.compare, session]
+        gen_inputs = [c.prompt, c.tau, c.block, c.max_new, c.confidence, c.compare, c.mode, session]
         c.generate.click(self.generate, gen_inputs, gen_outputs, api_name="ui_generate", **model_events)
         c.prompt.submit(self.generate, gen_inputs, gen_outputs, api_name="ui_generate_submit", **model_events)
         c.tau.change(self.set_tau, [c.tau, session], None, **quick)

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,24 +14,45 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
-from mars.decoding import DecodeConfig, DecodeControl, PassRecord, stream
+from mars.decoding import DecodeConfig, DecodeControl, PassRecord, encode_prompt, stream
 
 MAX_BLOCK = 16
-MAX_PROMPT_CHARS = 4000
 TOP_K = 5  # candidates kept per proposal, for the pass inspector
+MODE_LABELS = {"MARS (tau rule)": "mars", "Verified (lossless)": "verified"}  # the app's modes: UI label -> core
+APP_MODES = tuple(MODE_LABELS.values())
 
 
 def max_new_tokens_limit() -> int:
     return int(os.environ.get("MARS_MAX_NEW_TOKENS", "512"))
 
 
+def max_prompt_tokens() -> int:
+    """Server-side cap on a prompt's tokens (chat template included), whatever a client sends."""
+    return int(os.environ.get("MARS_MAX_PROMPT_TOKENS", "1024"))
+
+
+def max_prompt_chars() -> int:
+    """Checked before tokenizing, so a megabyte of text costs no tokenizer time; generous per token."""
+    return 16 * max_prompt_tokens()
+
+
 def default_provider() -> Callable[[], object]:
-    """Loads the model named by env MARS_MODEL / MARS_ADAPTER (default: the embedded SmolLM2)."""
+    """Loads the model named by env MARS_MODEL / MARS_ADAPTER (default: the embedded SmolLM2).
+
+    An adapter that is missing or does not fit the model falls back to the bare model, with a warning that
+    the model panel shows: a typo in MARS_ADAPTER should not take the whole app down, nor pass unnoticed.
+    """
 
     def provide():
-        from mars.loading import load
+        from mars.loading import AdapterError, load
 
-        return load(os.environ.get("MARS_MODEL") or None, os.environ.get("MARS_ADAPTER") or "auto")
+        model, adapter = os.environ.get("MARS_MODEL") or None, os.environ.get("MARS_ADAPTER") or "auto"
+        try:
+            return load(model, adapter)
+        except AdapterError as e:
+            lm = load(model, "none")
+            lm.warnings.insert(0, f"MARS_ADAPTER={adapter!r} could not be used, so this is the bare model: {e}")
+            return lm
 
     return provide
 
@@ -42,19 +62,32 @@ class ModelHolder:
 
     `pass_lock` guards each forward pass (not whole runs): concurrent visitors interleave pass by pass, each
     pass's measured time is its own, and a visitor who leaves mid-run never holds the model.
+    A failed load is remembered, so every visitor gets its message at once instead of retrying a slow load;
+    `replace` (the Model tab) clears it.
     """
 
     def __init__(self, provider: Callable[[], object] | None = None):
         self._provider = provider or default_provider()
         self._lm = None
+        self._error: str | None = None
         self._load_lock = threading.Lock()
         self.pass_lock = threading.Lock()
 
     def get(self):
+        from mars.loading import LoadError
+
         if self._lm is None:
             with self._load_lock:
                 if self._lm is None:
-                    self._lm = warm_up(self._provider())
+                    if self._error is None:
+                        try:
+                            self._lm = warm_up(self._provider())
+                        except LoadError as e:
+                            self._error = str(e)
+                        except Exception as e:  # whatever a provider raises, the app stays up and says it
+                            self._error = f"{type(e).__name__}: {e}"
+                    if self._lm is None:
+                        raise LoadError(self._error)
         return self._lm
 
     @property
@@ -64,7 +97,7 @@ class ModelHolder:
     def replace(self, lm):
         lm = warm_up(lm)
         with self._load_lock:
-            self._lm = lm
+            self._lm, self._error = lm, None
 
 
 def warm_up(lm):
@@ -86,6 +119,7 @@ class Trace:
     settings: dict
     records: list[PassRecord] = field(default_factory=list)
     token_texts: list[list[str]] = field(default_factory=list)  # per record, each accepted token's text
+    rejected_texts: list[list[str]] = field(default_factory=list)  # per record, each rejected proposal's text
     started: float = field(default_factory=time.perf_counter)
     finished: float | None = None
     finish_reason: str | None = None
@@ -95,6 +129,7 @@ class Trace:
         self.tokenizer = tokenizer
         self.records.append(rec)
         self.token_texts.append([tokenizer.decode([t]) for t in rec.token_ids])
+        self.rejected_texts.append(_pieces(tokenizer, rec.rejected_token_ids))
         self.finish_reason = rec.finish_reason or self.finish_reason
 
     @property
@@ -142,10 +177,22 @@ class Trace:
             "decode_seconds": self.decode_seconds,
             "finish_reason": self.finish_reason,
             "passes": [
-                {k: v for k, v in r.to_dict().items() if k != "row" and (k != "candidates" or v)} | {"token_texts": tt}
-                for r, tt in zip(self.records, self.token_texts)
+                {k: v for k, v in r.to_dict().items() if k != "row" and (k != "candidates" or v)}
+                | {"token_texts": tt, "rejected_texts": rt}
+                for r, tt, rt in zip(self.records, self.token_texts, self.rejected_texts)
             ],
         }
+
+
+def _pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each token's text, cut so that the pieces join into the decoded whole (spaces of word-level
+    tokenizers, characters split across byte-level tokens); decoding each token alone does neither."""
+    out, prev = [], ""
+    for i in range(len(ids)):
+        text = tokenizer.decode(ids[: i + 1])
+        out.append(text[len(prev):] if text.startswith(prev) else text)
+        prev = text
+    return out
 
 
 @dataclass
@@ -177,46 +224,119 @@ class Session:
         if self.control is not None:
             self.control.cancel()
 
+    def close(self) -> None:
+        """Gradio's delete_callback, once the visitor has gone: end any run, delete the run's files."""
+        self.stop()
+        folder = self.files.get("folder")
+        if folder:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+        self.files = {}
+
 
 # ------------------------------------------------------------------------------------------ input checks
 
 
 def check_tau(tau) -> float:
     if not is_finite_number(tau) or not 0.0 <= float(tau) <= 1.0:
-        raise ValueError(f"tau must be a number between 0 and 1, got {tau!r}")
+        raise ValueError(f"tau must be a number between 0 and 1, got {_short(tau)}")
     return float(tau)
 
 
 def _check_int(name: str, value, lo: int, hi: int) -> int:
+    given = value
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # sliders and JSON clients send 4.0 for 4
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a whole number between {lo} and {hi}, got {value!r}")
+        raise ValueError(f"{name} must be a whole number between {lo} and {hi}, got {_short(given)}")
     return value
 
 
+def _short(value) -> str:
+    """A client's value in a message: its repr, cut short (a client can send a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_mode(mode) -> str:
+    """The app's decoding mode from a UI label or a core name ("mars", "verified")."""
+    if isinstance(mode, str) and (mode in MODE_LABELS or mode in APP_MODES):
+        return MODE_LABELS.get(mode, mode)
+    raise ValueError(f"mode must be one of {', '.join(APP_MODES)}, got {_short(mode)}")
+
+
+def sanitize_text(text: str) -> str:
+    """Text the tokenizer and JSON both accept, otherwise as typed.
+
+    Surrogate halves that form a pair are joined, lone ones (invalid in UTF-8, e.g. "\\ud800") become U+FFFD,
+    and NUL is dropped. Other control characters, right-to-left marks, combining characters and emoji stay.
+    """
+    if any("\ud800" <= ch <= "\udfff" for ch in text):
+        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text.replace("\x00", "")
+
+
 def check_prompt(prompt) -> str:
-    if not isinstance(prompt, str) or not prompt.strip():
+    """The prompt, sanitized; ValueError when it is empty or too long to be worth tokenizing."""
+    if prompt is None:
+        prompt = ""
+    if not isinstance(prompt, str):
+        raise ValueError(f"the prompt must be text, got {type(prompt).__name__}")
+    prompt = sanitize_text(prompt)
+    if not prompt.strip():
         raise ValueError("the prompt is empty: type a question or pick an example")
-    if len(prompt) > MAX_PROMPT_CHARS:
-        raise ValueError(f"the prompt is too long ({len(prompt)} characters, at most {MAX_PROMPT_CHARS})")
+    if len(prompt) > max_prompt_chars():
+        raise ValueError(f"the prompt is too long ({len(prompt)} characters); prompts are limited to "
+                         f"{max_prompt_tokens()} tokens on this server")
     return prompt
 
 
+def encode_checked(lm, prompt: str, cfg: DecodeConfig) -> list[int]:
+    """The prompt's ids through the chat template, within the server's cap and the model's context."""
+    ids = encode_prompt(lm.tokenizer, prompt)
+    cap = max_prompt_tokens()
+    if len(ids) > cap:
+        raise ValueError(f"the prompt is too long: {len(ids)} tokens with the chat template, at most {cap} "
+                         "on this server")
+    context = getattr(lm.model.config, "max_position_embeddings", None)
+    if context and len(ids) + cfg.max_new_tokens + 2 * cfg.block_size > context:  # the decoder's own bound
+        raise ValueError(f"the prompt ({len(ids)} tokens) plus max new tokens ({cfg.max_new_tokens}) does not fit "
+                         f"this model's context of {context} tokens: shorten the prompt or lower max new tokens")
+    return ids
+
+
 def make_config(
-    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K
+    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K, cache_block=32
 ) -> DecodeConfig:
     """A DecodeConfig from UI or API values, with messages a visitor can act on (ValueError)."""
-    if confidence not in CONFIDENCE_MEASURES:
-        raise ValueError(f"confidence must be one of {', '.join(CONFIDENCE_MEASURES)}, got {confidence!r}")
+    if not isinstance(confidence, str) or confidence not in CONFIDENCE_MEASURES:
+        raise ValueError(f"confidence must be one of {', '.join(CONFIDENCE_MEASURES)}, got {_short(confidence)}")
     return DecodeConfig(
         mode=mode,
         block_size=_check_int("block size", block_size, 1, MAX_BLOCK),
         tau=check_tau(tau),
         confidence=confidence,
         max_new_tokens=_check_int("max new tokens", max_new_tokens, 1, max_new_tokens_limit()),
+        cache_block=_check_int("cache block", cache_block, 1, 4096),
         top_k=top_k,
     )
+
+
+def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
+    """The run this model can do, and notes for the visitor: a model without a mask token runs plain AR;
+    a block size beyond the trained one is allowed (it is an experiment worth making) but flagged."""
+    from dataclasses import replace
+
+    notes = []
+    if cfg.mode != "ar" and lm.mask_token_id is None:
+        notes.append("this model has no mask token, so it cannot draft: the run is plain AR, one token per pass")
+        return replace(cfg, mode="ar", block_size=1), notes
+    trained = lm.trained_block_size
+    if cfg.mode != "ar" and trained and cfg.block_size > trained:
+        notes.append(f"block size {cfg.block_size} is larger than the {trained} this model was trained with: "
+                     "masks past its training are rarely accepted")
+    return cfg, notes
 
 
 # ------------------------------------------------------------------------------------------------- runs
@@ -267,8 +387,13 @@ def live_stats(mars: Trace | None, ar: Trace | None, state: str, tau: float | No
     }
 
 
+def mode_name(mode: str) -> str:
+    return {"mars": "MARS", "verified": "Verified MARS", "ar": "AR"}.get(mode, mode)
+
+
 def summary_line(mars: Trace, ar: Trace | None) -> str:
-    s = (f"MARS: {mars.tokens} tokens in {mars.passes} forward passes ({mars.tokens_per_pass:.2f} tokens/pass), "
+    s = (f"{mode_name(mars.mode)}: {mars.tokens} tokens in {mars.passes} forward passes "
+         f"({mars.tokens_per_pass:.2f} tokens/pass), "
          f"{mars.decode_seconds:.2f} s of decoding")
     if ar is not None and ar.finished:
         s += f"; AR: {ar.tokens} tokens in {ar.passes} passes, {ar.decode_seconds:.2f} s"
@@ -321,7 +446,7 @@ def sweep(holder, lm, prompt_ids: list[int], base: DecodeConfig, taus: list[floa
 # ------------------------------------------------------------------------------------------- inspector
 
 
-def chain_stop_reason(rec: PassRecord, proposals: int) -> str:
+def chain_stop_reason(rec: PassRecord, proposals: int, mode: str = "mars") -> str:
     """Why pass `rec` accepted no more tokens than it did."""
     n = len(rec.token_ids)
     if rec.finish_reason == "eos":
@@ -330,6 +455,13 @@ def chain_stop_reason(rec: PassRecord, proposals: int) -> str:
         return "max new tokens reached"
     if rec.finish_reason == "stop":
         return "a stop string was completed"
+    if mode == "verified":
+        if rec.drafts_sent == 0:
+            return "no drafts to check (none reached tau, or the first pass): the model's own next token only"
+        if rec.rejected_token_ids:
+            return (f"draft {n} differs from the model's own choice: it and the drafts after it are dropped, "
+                    "the model's token takes its place")
+        return f"all {rec.drafts_sent} drafts verified, plus the model's own next token"
     if proposals == 1:
         return "AR mode: one token per pass"
     if n >= proposals:
@@ -341,31 +473,39 @@ def chain_stop_reason(rec: PassRecord, proposals: int) -> str:
     return "the cap on tokens per pass"
 
 
-def inspector_rows(rec: PassRecord, decode: Callable[[int], str]) -> list[dict]:
-    """One row per proposal of the pass: its token, confidence, status and top candidates."""
+def inspector_rows(rec: PassRecord, decode: Callable[[int], str], mode: str = "mars") -> list[dict]:
+    """One row per proposal of the pass: its token, confidence, status and top candidates.
+
+    MARS: the AR token, then the masks. Verified: the drafts fed in (the model's own confidence for the
+    verified ones, the draft's for the rejected), then the model's own token at the first mismatch.
+    """
     n = len(rec.token_ids)
     proposals = rec.token_ids + rec.rejected_token_ids
     confs = rec.confidences + rec.rejected_confidences
     rows = []
     for j, (tok, conf) in enumerate(zip(proposals, confs)):
-        status = "accepted" if j < n else ("rejected: chain stops here" if j == n else "dropped (after the stop)")
-        cands = [(decode(c), p) for c, p in (rec.candidates[j] if rec.candidates and j < len(rec.candidates) else [])]
-        rows.append({"position": "AR token (0)" if j == 0 else f"mask +{j}", "token": decode(tok),
-                     "confidence": conf, "status": status, "candidates": cands})
+        # verified: candidate row j is the model's choice after input j, meaningful up to the first mismatch
+        has_cands = rec.candidates and j < len(rec.candidates) and (mode != "verified" or j < n)
+        cands = [(decode(c), p) for c, p in (rec.candidates[j] if has_cands else [])]
+        if mode == "verified":
+            position = "model's token" if j == n - 1 else f"draft {j + 1 if j < n else j}"
+            status = ("accepted" if j == n - 1 else "accepted: verified" if j < n else
+                      "rejected: not the model's choice" if j == n else "dropped (after the mismatch)")
+        else:
+            position = "AR token (0)" if j == 0 else f"mask +{j}"
+            status = "accepted" if j < n else ("rejected: chain stops here" if j == n else "dropped (after the stop)")
+        rows.append({"position": position, "token": decode(tok), "confidence": conf, "status": status,
+                     "candidates": cands})
     return rows
 
 
 # ----------------------------------------------------------------------------------------- other models
 
 
-def hub_reachable(timeout: float = 2.0) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return False
-    try:
-        with socket.create_connection(("huggingface.co", 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
+def hub_reachable() -> bool:
+    from mars.loading import hub_offline
+
+    return not hub_offline()
 
 
 def load_other(model: str, adapter: str | None, load_fn=None, reachable=hub_reachable):
@@ -373,8 +513,8 @@ def load_other(model: str, adapter: str | None, load_fn=None, reachable=hub_reac
     from mars.loading import LoadError, load
 
     load_fn = load_fn or load
-    model = (model or "").strip()
-    adapter = (adapter or "").strip() or "auto"
+    model = sanitize_text(model).strip() if isinstance(model, str) else ""
+    adapter = (sanitize_text(adapter).strip() if isinstance(adapter, str) else "") or "auto"
     if not model:
         return None, "Give a Hub id (e.g. Xalphinions/MARS-Qwen2.5-0.5B-blk4) or a local folder."
     is_path = Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model == "smollm2"

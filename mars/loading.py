@@ -36,6 +36,10 @@ class LoadError(RuntimeError):
     """A model, tokenizer or adapter could not be loaded; the message names what was tried."""
 
 
+class AdapterError(LoadError):
+    """The base model is fine but the adapter is missing or does not fit it (an app may run the bare model)."""
+
+
 @dataclass
 class LoadedModel:
     model: object  # a transformers PreTrainedModel, eval mode, adapter merged
@@ -105,18 +109,21 @@ def load(
         raise LoadError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float64")
     name = model or DEFAULT_MODEL
     warnings: list[str] = []
+    adapter_path = _resolve_adapter(adapter, name, warnings)  # first: a missing adapter costs no model load
     if name == DEFAULT_MODEL:
         lm, tok = _load_default(torch_dtype)
     else:
         lm, tok = _load_transformers(name, torch_dtype, trust_remote_code)
 
-    adapter_path = _resolve_adapter(adapter, name, warnings)
     meta: dict = {}
     folder_meta = Path(name) / MARS_META
     if name != DEFAULT_MODEL and folder_meta.is_file():  # a fully fine-tuned MARS model folder
         meta = json.loads(folder_meta.read_text())
     if adapter_path is not None:
         lm, meta = _merge_adapter(lm, adapter_path)
+        base = meta.get("base_model")
+        if base and str(base) != name:  # same shapes merge silently, so at least say it
+            warnings.append(f"the adapter was trained for {base!r}, not {name!r}: its drafts may be poor")
     lm.to(device)
     lm.eval()
     mask_id, mask_str = _resolve_mask_token(tok, name, mask_token, meta)
@@ -222,6 +229,7 @@ def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
 
     if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
         raise LoadError(f"model folder {name!r} does not exist")
+    _refuse_pickles(Path(name))
     config = None
     offline = not Path(name).is_dir() and hub_offline()
     cfg = _read_config_dict(name, offline)
@@ -238,7 +246,7 @@ def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
                       local_files_only=offline)
         if config is not None:
             kwargs["config"] = config
-        lm = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        lm, info = AutoModelForCausalLM.from_pretrained(name, output_loading_info=True, **kwargs)
     except OSError as e:
         hint = " (the Hub is unreachable from here and it is not in the local cache: use a local folder)" if offline else ""
         raise LoadError(f"could not load model {tried}{hint}: {_first_line(e)}") from e
@@ -246,7 +254,32 @@ def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
         raise LoadError(f"could not load model {tried}: {_first_line(e)}") from e
     except Exception as e:  # corrupt safetensors and the like
         raise LoadError(f"could not load model {tried}: {type(e).__name__}: {_first_line(e)}") from e
+    missing = list(info.get("missing_keys") or []) + [k[0] if isinstance(k, tuple) else k
+                                                      for k in info.get("mismatched_keys") or []]
+    if missing:  # transformers would start these from random values: a checkpoint of another architecture
+        raise LoadError(f"could not load model {tried}: {len(missing)} weights of {type(lm).__name__} are missing "
+                        f"or of another shape in the checkpoint (e.g. {sorted(missing)[0]}): its config names "
+                        "an architecture its weights were not saved for")
     return lm, tok
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _refuse_pickles(folder: Path):
+    """A local folder with pickled weights and no safetensors: say so, rather than transformers' missing-file error.
+
+    Unpickling runs code chosen by whoever wrote the file, so pickles are never loaded, whatever their name.
+    """
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise LoadError(
+            f"model folder {str(folder)!r} holds only pickled weights ({', '.join(pickles[:3])}); weights are "
+            "loaded from safetensors only, since unpickling can run arbitrary code. Convert it once where you "
+            "trust the file: from_pretrained(folder).save_pretrained(folder, safe_serialization=True)"
+        )
 
 
 def _resolve_adapter(adapter: str | None, name: str, warnings: list[str]) -> Path | None:
@@ -260,8 +293,10 @@ def _resolve_adapter(adapter: str | None, name: str, warnings: list[str]) -> Pat
         warnings.append(f"no trained MARS adapter at {DEFAULT_ADAPTER}: running the bare model")
         return None
     path = Path(adapter)
+    if not path.is_dir():
+        raise AdapterError(f"adapter folder {str(path)!r} does not exist")
     if not (path / ADAPTER_WEIGHTS).is_file():
-        raise LoadError(
+        raise AdapterError(
             f"adapter {str(path)!r} has no {ADAPTER_WEIGHTS} (only peft adapters in safetensors are accepted)"
         )
     return path
@@ -278,7 +313,7 @@ def _merge_adapter(lm, path: Path):
     except Exception as e:
         base = meta.get("base_model")
         hint = f" (it was trained for {base})" if base else ""
-        raise LoadError(f"could not apply adapter {str(path)!r}{hint}: {type(e).__name__}: {_first_line(e)}") from e
+        raise AdapterError(f"could not apply adapter {str(path)!r}{hint}: {type(e).__name__}: {_first_line(e)}") from e
     return merged, meta
 
 

@@ -48,6 +48,9 @@ GROUPS_CSS = """
 .mars-bar { display: inline-block; height: 0.7em; background: #0072B2; margin-right: 4px; vertical-align: middle; }
 .mars-accepted { color: #0b6e4f; font-weight: bold; }
 .mars-rejected { color: #b03a00; font-weight: bold; }
+s.mars-rejected { color: #6e7781; font-weight: normal; font-size: 0.9em; text-decoration: line-through;
+  user-select: none; -webkit-user-select: none; margin: 0 0.1em; }
+s.mars-rejected::before { content: attr(data-draft); }
 .mars-banner { border-left: 4px solid #E69F00; padding: 6px 10px; background: rgba(230, 159, 0, 0.12); }
 """
 
@@ -72,6 +75,9 @@ def token_label(text: str) -> str:
 def _hover(rec, texts: Sequence[str]) -> str:
     n = len(rec.token_ids)
     lines = [f"pass {rec.pass_index} · {n} token{'s' if n != 1 else ''} · tau {rec.tau:.2f}"]
+    sent = getattr(rec, "drafts_sent", 0)
+    if sent:
+        lines.append(f"{max(0, sent - len(rec.rejected_token_ids))} of {sent} drafts verified")
     for t, c in zip(texts, rec.confidences):
         lines.append(f"{token_label(t)}  {c:.3f}")
     if rec.finish_reason:
@@ -79,32 +85,48 @@ def _hover(rec, texts: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def render_group(rec, texts: Sequence[str] | None, order: int) -> str:
-    """One pass's accepted tokens as one coloured span with its data attributes and tooltip."""
+def render_group(rec, texts: Sequence[str] | None, order: int, rejected: Sequence[str] | None = None) -> str:
+    """One pass's accepted tokens as one coloured span with its data attributes and tooltip; then, when
+    `rejected` (texts of the drafts that failed verification) is given and not empty, those drafts struck through.
+
+    The struck drafts are drawn from an attribute by CSS (`::before { content: attr(data-draft) }`), so they
+    are seen but are not part of the text: copying the output, or reading its text, gives the answer only.
+    """
     size = len(rec.token_ids)
     texts = list(texts) if texts is not None else [str(t) for t in rec.token_ids]
     background, color = shade(order, size)
     body = esc(rec.text) if rec.text else '<span class="mars-end">∎</span>'
     conf = " ".join(f"{c:.3f}" for c in rec.confidences)
-    return (
+    group = (
         f'<span class="mars-group" data-pass="{rec.pass_index}" data-size="{size}" data-conf="{conf}" '
         f'data-tau="{rec.tau:.3f}" style="background:{background};color:{color}" '
         f'title="{esc(_hover(rec, texts))}">{body}</span>'
     )
+    if not rejected:
+        return group
+    draft = "".join(rejected).replace("\n", "↵")
+    hover = "rejected by the model: " + ", ".join(
+        f"{token_label(t)} {c:.3f}" for t, c in zip(rejected, rec.rejected_confidences))
+    return group + (f'<s class="mars-rejected" data-pass="{rec.pass_index}" data-draft="{esc(draft)}" '
+                    f'title="{esc(hover)}"></s>')
 
 
 def render_groups_html(
-    records: Sequence, token_texts: Sequence[Sequence[str]] | None = None, placeholder: str = "", elem_class: str = ""
+    records: Sequence, token_texts: Sequence[Sequence[str]] | None = None, placeholder: str = "", elem_class: str = "",
+    rejected_texts: Sequence[Sequence[str]] | None = None,
 ) -> str:
     """All groups of a run, in order, inside one pre-wrap block (newlines and indentation stay readable).
 
     token_texts[i] holds the text of each accepted token of records[i] (for the tooltip); ids otherwise.
+    rejected_texts[i], when given (verified mode), the drafts of records[i] that failed verification.
     """
     if not records:
         inner = f'<span class="mars-placeholder">{esc(placeholder)}</span>' if placeholder else ""
     else:
         inner = "".join(
-            render_group(rec, token_texts[i] if token_texts is not None else None, i) for i, rec in enumerate(records)
+            render_group(rec, token_texts[i] if token_texts is not None else None, i,
+                         rejected_texts[i] if rejected_texts is not None else None)
+            for i, rec in enumerate(records)
         )
     return f'<div class="mars-text {esc(elem_class)}">{inner}</div>'
 
@@ -117,7 +139,9 @@ def render_legend_html() -> str:
             color = "#ffffff" if level >= DARK_TEXT_FROM else "#111111"
             style = f"background:{SHADES[fam][level]};color:{color}"
             parts.append(f'<span class="mars-swatch" style="{style}">{label}</span>')
-    parts.append("<span>tokens accepted in the pass (hover a span for its tokens and confidences)</span></div>")
+    parts.append("<span>tokens accepted in the pass (hover a span for its tokens and confidences);</span>")
+    parts.append('<span><s class="mars-rejected" data-draft="draft"></s> a draft the model rejected '
+                 "(verified mode)</span></div>")
     return "".join(parts)
 
 
@@ -154,7 +178,7 @@ def render_inspector_html(rows: Sequence[dict], reason: str, header: str = "") -
     out.append('<table class="mars-inspect"><tr><th>position</th><th>proposal</th><th>confidence</th>'
                "<th>status</th><th>top candidates (probability)</th></tr>")
     for r in rows:
-        status_class = "mars-accepted" if r["status"] == "accepted" else "mars-rejected"
+        status_class = "mars-accepted" if r["status"].startswith("accepted") else "mars-rejected"
         cands = "<br>".join(
             f'<span class="mars-bar" style="width:{max(1, round(60 * p))}px"></span>{esc(token_label(t))} {p:.3f}'
             for t, p in r.get("candidates", [])
@@ -178,7 +202,8 @@ def render_table_html(headers: Sequence[str], rows: Sequence[Sequence], elem_id:
     return f'<table class="mars-inspect"{ident}><tr>{head}</tr>{body}</table>'
 
 
-def standalone_html(records: Sequence, token_texts, title: str, prompt: str, summary: str) -> str:
+def standalone_html(records: Sequence, token_texts, title: str, prompt: str, summary: str,
+                    rejected_texts: Sequence[Sequence[str]] | None = None) -> str:
     """A self-contained HTML page of a coloured generation, for slides and sharing."""
     return (
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -186,7 +211,8 @@ def standalone_html(records: Sequence, token_texts, title: str, prompt: str, sum
         f"padding:0 1em;color:#111}} .prompt{{white-space:pre-wrap;background:#f4f4f4;padding:8px;border-radius:6px}}"
         f"{GROUPS_CSS}</style></head><body>"
         f"<h2>{esc(title)}</h2><p><b>Prompt</b></p><div class=\"prompt\">{esc(prompt)}</div>"
-        f"<p><b>Generation</b></p>{render_groups_html(records, token_texts)}<p>{render_legend_html()}</p>"
+        f"<p><b>Generation</b></p>{render_groups_html(records, token_texts, rejected_texts=rejected_texts)}"
+        f"<p>{render_legend_html()}</p>"
         f"<p class=\"mars-note\">{esc(summary)}</p></body></html>"
     )
 

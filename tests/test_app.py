@@ -63,8 +63,21 @@ def groups(html: str) -> list[dict]:
     return found
 
 
-def run(ui, session, prompt=PROMPT, tau=0.9, block=4, max_new=40, compare=False, confidence="prob"):
-    return ui.generate(prompt, tau, block, max_new, confidence, compare, session)
+def text_of(html: str) -> str:
+    """The text of an HTML fragment (attributes, like the struck drafts' data-draft, are not text)."""
+    parts = []
+
+    class P(HTMLParser):
+        def handle_data(self, data):
+            parts.append(data)
+
+    P().feed(html)
+    return "".join(parts)
+
+
+def run(ui, session, prompt=PROMPT, tau=0.9, block=4, max_new=40, compare=False, confidence="prob",
+        mode="MARS (tau rule)"):
+    return ui.generate(prompt, tau, block, max_new, confidence, compare, mode, session)
 
 
 def greedy(lm, prompt, mode, tau=0.9, max_new=40):
@@ -138,6 +151,30 @@ def test_ar_comparison_runs_after_mars_on_the_same_core(ui, lm):
                       [u for u in updates if ui.c.output_ar in u][-1][ui.c.output_ar])) == ar.passes
 
 
+def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
+    session = Session()
+    updates = list(run(ui, session, tau=0.0, max_new=40, compare=True, mode="Verified (lossless)"))
+    ver, ar = session.mars, session.ar
+    assert ver.mode == "verified" and ar.mode == "ar"
+    assert ver.token_ids == ar.token_ids == greedy(lm, PROMPT, "ar").token_ids  # lossless: exactly AR greedy
+    assert ver.passes <= ar.passes
+    assert sum(r.drafts_sent for r in ver.records) > 0 and any(r.rejected_token_ids for r in ver.records)
+    final = updates[-1]
+    html = [u for u in updates if ui.c.output in u][-1][ui.c.output]
+    struck = html.count('<s class="mars-rejected"')
+    assert struck == sum(1 for r in ver.records if r.rejected_token_ids)
+    assert text_of(html) == ar.text == ver.text  # what copying gives: the struck drafts are not in it
+    assert 'data-state="done"' in final[ui.c.stats] and "Verified MARS:" in final[ui.c.stats]
+    page = Path(final[ui.c.download_html]["value"]).read_text()
+    assert page.count('class="mars-rejected"') >= struck
+    trace = json.loads(Path(final[ui.c.download_json]["value"]).read_text())
+    assert trace["mars"]["text"] == ar.text and "rejected_texts" in trace["mars"]["passes"][0]
+    i = next(i for i, r in enumerate(ver.records) if r.rejected_token_ids)
+    inspector = ui.inspect(i, session)
+    assert "drafts checked" in inspector and "rejected: not the model&#x27;s choice" in inspector
+    assert "differs from the model" in inspector
+
+
 def test_inspector_explains_each_pass(ui):
     session = Session()
     list(run(ui, session, tau=0.05, block=4))
@@ -197,7 +234,7 @@ def test_api_returns_text_and_trace(ui, lm):
     [("", 0.9, 4, 30), ("   ", 0.9, 4, 30), (3, 0.9, 4, 30), (PROMPT, 1.5, 4, 30), (PROMPT, -0.1, 4, 30),
      (PROMPT, "abc", 4, 30), (PROMPT, None, 4, 30), (PROMPT, float("nan"), 4, 30), (PROMPT, 0.9, 0, 30),
      (PROMPT, 0.9, 17, 30), (PROMPT, 0.9, 2.5, 30), (PROMPT, 0.9, "4", 30), (PROMPT, 0.9, 4, 0),
-     (PROMPT, 0.9, 4, 10**7), (PROMPT, 0.9, 4, True), ("x" * 5000, 0.9, 4, 30)],
+     (PROMPT, 0.9, 4, 10**7), (PROMPT, 0.9, 4, True), ("x " * 3000, 0.9, 4, 30)],
 )
 def test_api_bad_input_is_a_clear_error(ui, args):
     with pytest.raises(gr.Error):

@@ -184,6 +184,45 @@ def test_user_text_shows_as_text(browser, tiny_server):
     page.close()
 
 
+def test_markup_in_the_prompt_never_runs(browser, tiny_server):
+    """The prompt reaches the page (as typed), the run's outputs and the exported HTML: never as markup."""
+    import glob
+    import tempfile
+
+    page = open_app(browser, tiny_server)
+    payload = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script> what is the capital ?'
+    page.fill("#prompt textarea", payload)
+    set_number(page, "max-new-tokens", 8)
+    press_generate(page)
+    page.wait_for_selector('#stats [data-state="done"]', timeout=120_000)
+    assert page.evaluate("window.__xss") is None
+    assert page.locator("#output img, #output script, #output-ar img, #inspect img, #inspect script").count() == 0
+    exported = max(glob.glob(f"{tempfile.gettempdir()}/mars-run-*/mars-generation.html"), key=os.path.getmtime)
+    page.goto(f"file://{exported}")
+    assert page.inner_text(".prompt") == payload  # shown as text
+    assert page.evaluate("window.__xss") is None and page.locator("img, script").count() == 0
+    page.close()
+
+
+def test_verified_mode_strikes_rejected_drafts_and_writes_what_ar_writes(browser, tiny_server):
+    page = open_app(browser, tiny_server)
+    page.fill("#prompt textarea", "what is the capital of france ?")
+    set_number(page, "max-new-tokens", 24)
+    page.locator("#tau input[type=range]").fill("0")  # send every draft: a random model's are mostly wrong
+    page.locator("#mode").get_by_text("Verified (lossless)").click()
+    press_generate(page)
+    page.wait_for_selector('#stats [data-state="done"]', timeout=120_000)
+    struck = page.locator("#output s.mars-rejected")
+    assert struck.count() > 0
+    line, content = struck.first.evaluate(
+        "e => [getComputedStyle(e).textDecorationLine, getComputedStyle(e, '::before').content]")
+    assert line == "line-through" and len(content) > 2  # drawn, struck through
+    verified = page.inner_text("#output .mars-text").replace("∎", "")
+    ar = page.inner_text("#output-ar .mars-text").replace("∎", "")
+    assert verified == ar and verified.strip()  # lossless; the struck drafts are not part of the text
+    page.close()
+
+
 def test_large_font_switch(browser, tiny_server):
     page = open_app(browser, tiny_server)
     size = "getComputedStyle(document.querySelector('#output .mars-text')).fontSize"

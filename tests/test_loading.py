@@ -91,3 +91,41 @@ def test_adapter_errors(tiny_dir, tmp_path):
     with pytest.raises(LoadError, match="adapter_model.safetensors"):
         load(str(tiny_dir), adapter=str(tmp_path))
     assert load(str(tiny_dir), adapter="none").adapter is None
+
+
+def test_pickled_weights_are_refused_with_a_clear_message(tiny_dir, tmp_path):
+    folder = tmp_path / "pickled"
+    shutil.copytree(tiny_dir, folder)
+    (folder / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(1)}, folder / "pytorch_model.bin")  # never opened: the name is enough
+    with pytest.raises(LoadError, match="only pickled weights \\(pytorch_model.bin\\).*safetensors only"):
+        load(str(folder))
+
+
+@pytest.mark.parametrize("model_type", ["t5", "no-such-architecture", "bert"])  # bert: a causal LM, other weights
+def test_wrong_architecture_gives_a_clear_error(tiny_dir, tmp_path, model_type):
+    folder = tmp_path / model_type
+    shutil.copytree(tiny_dir, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["model_type"], cfg["architectures"] = model_type, ["SomethingElse"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(LoadError, match="could not load model"):
+        load(str(folder))
+
+
+def test_adapter_for_another_base_model_is_an_adapter_error(tiny_dir, tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mars.loading import AdapterError
+
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    peft_model = get_peft_model(other, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    adapter = tmp_path / "adapter"
+    peft_model.save_pretrained(adapter)
+    (adapter / "mars.json").write_text(json.dumps({"base_model": "some-other-model", "block_size": 4}))
+    with pytest.raises(AdapterError, match="could not apply adapter .*trained for some-other-model"):
+        load(str(tiny_dir), adapter=str(adapter))
+    with pytest.raises(AdapterError, match="does not exist"):
+        load(str(tiny_dir), adapter=str(tmp_path / "nowhere"))

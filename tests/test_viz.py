@@ -172,3 +172,30 @@ def test_sweep_figure_plots_quality_against_tokens_per_pass():
     same = rows + [{"tau": 0.9, "tokens_per_pass": 1.0, "agreement": 1.0, "nll": 1.2}]
     assert list(viz.make_sweep_figure(same).data[0].text) == ["τ=1, 0.9", "τ=0.5", ""]  # no overprinting
     assert viz.make_sweep_figure([]).data[0].x in (None, ())
+
+
+def verified(i, text, ids, rejected_ids, rejected_confs, sent):
+    r = rec(i, text, ids, [0.9] * len(ids), rejected_confs)
+    r.rejected_token_ids, r.drafts_sent = list(rejected_ids), sent
+    return r
+
+
+@pytest.mark.parametrize("payload", XSS)
+def test_verified_rejected_drafts_are_struck_through_escaped_and_not_text(payload):
+    records = [verified(0, "The", [1], [], [], 0), verified(1, " cat sat", [2, 3], [7, 8], [0.6, 0.4], 3)]
+    rejected = [[], [payload, "\nend"]]
+    html = viz.render_groups_html(records, [["The"], [" cat", " sat"]], rejected_texts=rejected)
+    parsed = Tags(html)
+    struck = [a for t, a in parsed.tags if t == "s"]
+    assert len(struck) == 1 and struck[0]["class"] == "mars-rejected" and struck[0]["data-pass"] == "1"
+    assert struck[0]["data-draft"] == payload + "↵end"  # present (newlines made visible), as an attribute
+    assert "'\\nend' 0.400" in struck[0]["title"]
+    assert {t for t, _ in parsed.tags} == {"div", "span", "s"}  # the payload created no element
+    assert "".join(parsed.text) == "The cat sat"  # the text (what copying gives) is the answer alone
+    assert "s.mars-rejected::before { content: attr(data-draft); }" in viz.GROUPS_CSS
+    assert "user-select: none" in viz.GROUPS_CSS
+    assert Tags(html).groups()[1]["title"].splitlines()[1] == "1 of 3 drafts verified"
+    page = viz.standalone_html(records, None, "t", "p", "s", rejected)
+    assert 'class="mars-rejected"' in page and "<script>alert" not in page and "<img" not in page
+    # MARS mode passes no rejected texts: its rejected proposals are not drafts that were checked
+    assert "<s " not in viz.render_groups_html(records, None)

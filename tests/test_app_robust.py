@@ -1,0 +1,468 @@
+"""The app under hostile or unlucky conditions (issue 6): odd prompts, odd parameters, odd models, many
+visitors, visitors who leave, failed loads, and memory over many runs.
+
+Handlers are called directly where that suffices; the HTTP tests serve the app on 127.0.0.1 and call it with
+gradio_client (the public API) or, for the UI's private streaming event, with the browser's own queue protocol.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import socket
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import gradio as gr
+import httpx
+import pytest
+
+import app as app_module
+from mars import app_state
+from mars.app_state import Session, check_prompt, default_provider, make_config, sanitize_text
+from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.loading import LoadError
+from tiny import make_loaded, save_tiny
+
+PROMPT = "what is the capital of france ?"
+MARS, VERIFIED = "MARS (tau rule)", "Verified (lossless)"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def run_files_in_tmp(tmp_path_factory):
+    """The app writes each run's downloads under tempfile's folder: keep them in pytest's."""
+    import tempfile
+
+    old = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("runs"))
+    yield
+    tempfile.tempdir = old
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return make_loaded()
+
+
+@pytest.fixture(scope="module")
+def ui(lm):
+    return app_module.create_demo(lambda: lm).mars_app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(provider):
+    demo = app_module.create_demo(provider)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def server(lm):
+    demo, url = serve(lambda: lm)
+    yield url
+    demo.close()
+
+
+def client_for(url):
+    from gradio_client import Client
+
+    return Client(url, verbose=False)
+
+
+def run(ui, session, prompt=PROMPT, tau=0.9, block=4, max_new=30, compare=False, mode=MARS):
+    return ui.generate(prompt, tau, block, max_new, "prob", compare, mode, session)
+
+
+def alone(lm, prompt, mode="mars", tau=0.9, max_new=30, block=4):
+    ids = encode_prompt(lm.tokenizer, sanitize_text(prompt))
+    cfg = DecodeConfig(mode=mode, tau=tau, max_new_tokens=max_new, block_size=block)
+    return generate_ids(lm, [ids], cfg)[0]
+
+
+def endless(lm):
+    """The same model, never ending on EOS: a run that lasts until max new tokens, or until it is stopped."""
+    lm.model.generation_config.eos_token_id = []
+    return lm
+
+
+def counting(monkeypatch, delay: float = 0.0) -> list[int]:
+    """Count the forward passes the app's runs compute (one per record at batch 1), ~`delay` s each.
+
+    Wraps the decoder's stream where the app calls it, so it counts whatever backend runs the model.
+    """
+    calls, real = [0], app_state.stream
+
+    def counted(*args, **kwargs):
+        for rec in real(*args, **kwargs):
+            calls[0] += 1
+            time.sleep(delay)
+            yield rec
+
+    monkeypatch.setattr(app_state, "stream", counted)
+    return calls
+
+
+def rss_mb(pid: str = "self") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+# ------------------------------------------------------------------------------------------------ prompts
+
+ODD_PROMPTS = {
+    "nul inside": "the\x00 capital\x00",
+    "lone surrogate": "the \ud800 capital",
+    "surrogate pair as two code points": "the \ud83d\ude00 capital",
+    "right-to-left marks": "\u202ethe capital\u202c \u200f?",
+    "combining characters": "the e\u0301\u0301\u0301\u0301 capital",
+    "emoji": "😀🎭 the capital 👩‍👩‍👧",
+    "control characters": "the\x07\x1b[31m capital\r\n\t\x7f",
+    "markup": '<script>alert(1)</script><img src=x onerror="alert(2)">',
+}
+
+
+def test_sanitize_keeps_text_but_makes_it_valid():
+    assert sanitize_text("a\x00b") == "ab"
+    assert sanitize_text("a\ud800b") == "a\ufffdb"  # a lone surrogate is not valid UTF-8
+    assert sanitize_text("\ud83d\ude00") == "😀"  # a pair that arrived as halves is joined
+    kept = "\u202eabc\u202c e\u0301 😀 \x07\t\n"
+    assert sanitize_text(kept) == kept
+    for text in ODD_PROMPTS.values():
+        sanitize_text(text).encode("utf-8")  # strict: no surrogates left
+
+
+@pytest.mark.parametrize("prompt", [None, "", "   ", "\n\t \r", "\x00\x00", " \x00 "])
+def test_empty_prompts_have_one_message(ui, prompt):
+    with pytest.raises(gr.Error, match="the prompt is empty"):
+        ui.api_generate(prompt, 0.9, 4, 10)
+    with pytest.raises(gr.Error, match="the prompt is empty"):
+        list(run(ui, Session(), prompt=prompt))
+
+
+def test_non_text_prompt(ui):
+    for prompt in (3, ["a"], {"a": 1}, b"bytes"):
+        with pytest.raises(gr.Error, match="the prompt must be text"):
+            ui.api_generate(prompt, 0.9, 4, 10)
+
+
+@pytest.mark.parametrize("name", list(ODD_PROMPTS))
+def test_odd_prompts_are_answered(ui, lm, name):
+    prompt = ODD_PROMPTS[name]
+    text, trace = ui.api_generate(prompt, 0.5, 4, 12)
+    assert text == alone(lm, prompt, tau=0.5, max_new=12).text
+    json.dumps(trace, ensure_ascii=False).encode("utf-8")  # what Gradio's JSON encoder needs
+    assert trace["prompt"] == sanitize_text(prompt)
+    updates = list(run(ui, Session(), prompt=prompt, max_new=12))
+    assert 'data-state="done"' in updates[-1][ui.c.stats]
+
+
+def test_prompt_token_cap_is_server_side_and_named(ui, monkeypatch):
+    monkeypatch.setenv("MARS_MAX_PROMPT_TOKENS", "20")
+    with pytest.raises(gr.Error, match="too long: 35 tokens with the chat template, at most 20"):
+        ui.api_generate("the " * 30, 0.9, 4, 10)
+    with pytest.raises(gr.Error, match="at most 20"):
+        list(run(ui, Session(), prompt="the " * 30))
+    with pytest.raises(ValueError, match="limited to 20 tokens"):  # checked before tokenizing: cheap
+        check_prompt("x" * 400)
+    monkeypatch.delenv("MARS_MAX_PROMPT_TOKENS")
+    # within the cap but not within the tiny model's context of 512 positions
+    with pytest.raises(gr.Error, match="context of 512 tokens"):
+        ui.api_generate("the " * 400, 0.9, 4, 128)
+
+
+# --------------------------------------------------------------------------------------------- parameters
+
+BAD = [
+    ("tau", [0.5]), ("tau", {"a": 1}), ("tau", math.inf), ("tau", "0.5"), ("tau", True),
+    ("block_size", None), ("block_size", [4]), ("block_size", math.nan), ("block_size", 1e300), ("block_size", -4),
+    ("max_new_tokens", None), ("max_new_tokens", "12"), ("max_new_tokens", [12]), ("max_new_tokens", -1),
+    ("max_new_tokens", 2.5), ("max_new_tokens", 513),
+    ("mode", "fast"), ("mode", None), ("mode", 3), ("mode", ["mars"]),
+]
+
+
+@pytest.mark.parametrize("name,value", BAD)
+def test_bad_parameters_have_clear_messages(ui, name, value):
+    args = {"prompt": PROMPT, "tau": 0.9, "block_size": 4, "max_new_tokens": 10, "mode": MARS} | {name: value}
+    label = {"block_size": "block size", "max_new_tokens": "max new tokens"}.get(name, name)
+    session = Session()
+    with pytest.raises(gr.Error, match=label) as err:
+        list(ui.generate(args["prompt"], args["tau"], args["block_size"], args["max_new_tokens"], "prob", False,
+                         args["mode"], session))
+    assert len(str(err.value)) < 200  # a client's huge value is not echoed back whole
+    if name != "mode":
+        with pytest.raises(gr.Error, match=label):
+            ui.api_generate(args["prompt"], args["tau"], args["block_size"], args["max_new_tokens"])
+
+
+def test_cache_block_and_confidence_are_checked():
+    for value in (0, "32", None, [32], 1e9):
+        with pytest.raises(ValueError, match="cache block"):
+            make_config("mars", 0.9, 4, 10, cache_block=value)
+    with pytest.raises(ValueError, match="confidence"):
+        make_config("mars", 0.9, 4, 10, confidence=["prob"])
+    assert make_config("mars", 0.9, 4.0, 10.0, cache_block=16.0).cache_block == 16
+
+
+def test_block_size_beyond_the_trained_one_runs_but_is_flagged(ui, lm):
+    lm.trained_block_size = 2
+    try:
+        updates = list(run(ui, Session(), block=4))
+        assert "larger than the 2 this model was trained with" in updates[-1][ui.c.stats]
+        text, trace = ui.api_generate(PROMPT, 0.9, 4, 10)
+        assert text == alone(lm, PROMPT, max_new=10).text and "larger than the 2" in trace["warnings"][0]
+        assert ui.api_generate(PROMPT, 0.9, 2, 10)[1]["warnings"] == []
+    finally:
+        lm.trained_block_size = None
+
+
+def test_bad_values_over_http_get_messages_and_the_server_keeps_serving(server, lm):
+    client = client_for(server)
+    for args, match in [((PROMPT, None, 4, 10), "tau"), ((PROMPT, [0.5], 4, 10), "tau"),
+                        ((PROMPT, 0.9, "4", 10), "block size"), ((PROMPT, 0.9, 4, 10**9), "max new tokens"),
+                        (("", 0.9, 4, 10), "empty"), (("the " * 2000, 0.9, 4, 10), "at most 1024")]:
+        with pytest.raises(Exception, match=match):
+            client.predict(*args, api_name="/generate")
+    # NaN (not JSON) and lone surrogates (not UTF-8): gradio_client will not send them, a raw client can
+    event, error = raw_call(server, [PROMPT, math.nan, 4, 10])
+    assert event == "error" and "tau must be a number between 0 and 1, got nan" in error["error"]
+    for prompt in ODD_PROMPTS.values():  # every odd prompt comes back answered, as valid JSON
+        if any("\ud800" <= ch <= "\udfff" for ch in prompt):
+            event, (text, trace) = raw_call(server, [prompt, 0.5, 4, 8])
+        else:
+            text, trace = client.predict(prompt, 0.5, 4, 8, api_name="/generate")
+        assert text == alone(lm, prompt, tau=0.5, max_new=8).text and trace["prompt"] == sanitize_text(prompt)
+
+
+def raw_call(server, data) -> tuple[str, object]:
+    """The public endpoint over plain HTTP, JSON written by hand: (last event name, its data)."""
+    call = f"{server}gradio_api/call/generate"
+    body = json.dumps({"data": data})  # ensure_ascii: a lone surrogate travels as the escape \\ud800
+    event_id = httpx.post(call, content=body, headers={"content-type": "application/json"}, timeout=10).json()
+    lines = httpx.get(f"{call}/{event_id['event_id']}", timeout=60).text.strip().splitlines()
+    events = [line[len("event: "):] for line in lines if line.startswith("event: ")]
+    payloads = [json.loads(line[len("data: "):]) for line in lines if line.startswith("data: ")]
+    return events[-1], payloads[-1]
+
+
+# ------------------------------------------------------------------------------------------------- models
+
+
+def test_a_model_without_mask_token_runs_ar_and_says_so():
+    lm = make_loaded(mask=False)
+    ui = app_module.create_demo(lambda: lm).mars_app
+    expected = alone(lm, PROMPT, "ar", max_new=20)
+    for mode in (MARS, VERIFIED):
+        session = Session()
+        updates = list(run(ui, session, max_new=20, compare=True, mode=mode))
+        assert session.mars.mode == "ar" and session.ar is None  # nothing to compare with itself
+        assert session.mars.token_ids == expected.token_ids
+        assert "no mask token" in updates[-1][ui.c.stats] and "plain AR" in updates[-1][ui.c.stats]
+    text, trace = ui.api_generate(PROMPT, 0.9, 4, 20)
+    assert text == expected.text and "no mask token" in trace["warnings"][0]
+    assert "AR only" in ui.model_info()[0]
+    with pytest.raises(gr.Error, match="no mask token"):
+        list(ui.run_sweep(PROMPT, "1.0, 0.5", 4, 10, "prob", Session()))
+
+
+def test_a_failed_load_leaves_the_app_up_with_one_clear_message():
+    calls = []
+
+    def provider():
+        calls.append(1)
+        raise LoadError("could not load model '<b>nope</b>'")
+
+    ui = app_module.create_demo(provider).mars_app
+    banner, table, _ = ui.model_info()
+    assert "The model could not be loaded" in banner and "&lt;b&gt;nope" in banner and "<b>nope" not in banner
+    assert "keeps running" in banner
+    for _ in range(2):
+        with pytest.raises(gr.Error, match="could not be loaded"):
+            list(run(ui, Session()))
+        with pytest.raises(gr.Error, match="could not be loaded"):
+            ui.api_generate(PROMPT)
+    assert len(calls) == 1  # remembered: visitors do not each wait for a doomed load
+    ui.holder.replace(make_loaded())  # what the Model tab's Load does
+    assert ui.api_generate(PROMPT, 0.9, 4, 5)[0]
+
+    def broken():
+        raise RuntimeError("out of memory")
+
+    ui = app_module.create_demo(broken).mars_app
+    assert "RuntimeError: out of memory" in ui.model_info()[0]
+
+
+def test_a_failed_load_over_http():
+    demo, url = serve(lambda: (_ for _ in ()).throw(LoadError("model folder '/x' does not exist")))
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
+        client = client_for(url)
+        for _ in range(2):
+            with pytest.raises(Exception, match="could not be loaded: model folder '/x' does not exist"):
+                client.predict(PROMPT, 0.9, 4, 10, api_name="/generate")
+    finally:
+        demo.close()
+
+
+def test_missing_adapter_falls_back_to_the_bare_model_with_a_visible_warning(tmp_path, monkeypatch):
+    folder = save_tiny(tmp_path / "tiny")
+    monkeypatch.setenv("MARS_MODEL", str(folder))
+    monkeypatch.setenv("MARS_ADAPTER", str(tmp_path / "nowhere"))
+    lm = default_provider()()
+    assert lm.adapter is None and "MARS_ADAPTER" in lm.warnings[0] and "bare model" in lm.warnings[0]
+    ui = app_module.create_demo(lambda: lm).mars_app
+    banner = ui.model_info()[0]
+    assert "MARS_ADAPTER" in banner and "does not exist" in banner
+    monkeypatch.setenv("MARS_MODEL", str(tmp_path / "no-model"))  # the model itself missing: no fallback
+    with pytest.raises(LoadError, match="does not exist"):
+        default_provider()()
+
+
+def test_hub_offline_is_honoured_without_a_network_call(monkeypatch):
+    from mars.app_state import hub_reachable, load_other
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_reachable() is False
+    lm, message = load_other("someone/some-model", None)
+    assert lm is None and "no network access" in message
+
+
+def test_no_remote_code_by_default():
+    import inspect
+
+    from mars.loading import load
+
+    assert inspect.signature(load).parameters["trust_remote_code"].default is False
+
+
+# -------------------------------------------------------------------------------------------- concurrency
+
+
+def test_six_visitors_at_once_each_get_their_own_greedy_output(server, lm):
+    visitors = [(f"{w} is the capital of france ?", tau) for w, tau in
+                zip(["what", "where", "how", "why", "which", "who"], [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])]
+    got, errors = {}, []
+
+    def visit(prompt, tau):
+        try:
+            client = client_for(server)
+            got[prompt] = [client.predict(prompt, tau, 4, 24, api_name="/generate")[0] for _ in range(2)]
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=visit, args=v) for v in visitors]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    assert not errors
+    for prompt, tau in visitors:
+        assert got[prompt] == [alone(lm, prompt, tau=tau, max_new=24).text] * 2
+
+
+def test_one_visitors_tau_never_reaches_another_run(ui, lm):
+    taus = [0.1, 0.3, 0.5, 0.7, 0.9, 1.0]
+    sessions = [Session() for _ in taus]
+    steered = sessions[0]
+    errors = []
+
+    def visit(session, tau):
+        try:
+            stream = run(ui, session, tau=tau, max_new=30)
+            for k, _ in enumerate(stream):
+                if session is steered and k == 3:
+                    ui.set_tau(0.05, session)  # what the slider does, mid-run, while the others run
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=visit, args=(s, t)) for s, t in zip(sessions, taus)]
+    [t.start() for t in threads]
+    [t.join(timeout=120) for t in threads]
+    assert not errors
+    assert 0.05 in {r.tau for r in steered.mars.records}
+    for session, tau in list(zip(sessions, taus))[1:]:
+        assert {r.tau for r in session.mars.records} == {tau}
+        assert session.mars.token_ids == alone(lm, PROMPT, tau=tau, max_new=30).token_ids
+
+
+# ------------------------------------------------------------------------------------------ stop and leave
+
+
+def test_closing_the_stream_stops_the_decoder_and_the_next_run_is_clean(monkeypatch):
+    lm = endless(make_loaded())
+    calls = counting(monkeypatch)
+    ui = app_module.create_demo(lambda: lm).mars_app
+    session = Session()
+    stream = run(ui, session, max_new=400)
+    for _ in range(6):
+        next(stream)
+    at = calls[0]
+    assert at >= 5
+    stream.close()  # what Gradio does to the generator when the visitor's connection goes
+    assert session.control.cancelled
+    time.sleep(0.2)
+    assert calls[0] == at  # not one more pass
+    session2 = Session()
+    list(run(ui, session2, max_new=20))
+    assert session2.mars.token_ids == alone(lm, PROMPT, max_new=20).token_ids
+
+
+def test_a_visitor_who_leaves_mid_run_frees_the_model_within_a_pass(monkeypatch):
+    """The browser's own protocol: join the queue for the UI's Generate event, read a few passes, hang up."""
+    lm = endless(make_loaded())
+    calls = counting(monkeypatch, delay=0.05)
+    demo, url = serve(lambda: lm)
+    try:
+        demo.mars_app.holder.get()
+        dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == "ui_generate")
+        data = [PROMPT, 0.9, 4, 400, "prob", False, MARS, None]
+        body = {"data": data, "fn_index": dep["id"], "session_hash": "leaver", "event_data": None,
+                "trigger_id": dep["targets"][0][0]}
+        assert httpx.post(f"{url}gradio_api/queue/join", json=body, timeout=10).status_code == 200
+        with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": "leaver"},
+                          timeout=30) as resp:
+            for line in resp.iter_lines():
+                if '"process_generating"' in line and calls[0] >= 8:
+                    break  # leaving the block closes the connection, as closing the tab does
+        at = calls[0]
+        assert at >= 8
+        time.sleep(1.5)  # 30 passes' worth at 50 ms a pass
+        assert calls[0] - at <= 1
+        text, _ = client_for(url).predict(PROMPT, 0.9, 4, 10, api_name="/generate")  # next run starts cleanly
+        assert calls[0] - at > 1 and text
+    finally:
+        demo.close()
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_memory_stays_flat_over_50_runs(ui, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    session = Session()
+    for _ in range(5):  # warm-up: allocator pools, plotly's validators, Gradio's update objects
+        list(run(ui, session, max_new=16, compare=True))
+    gc.collect()
+    before = rss_mb()
+    for i in range(50):
+        list(run(ui, session, prompt=f"{PROMPT} {i % 10}", max_new=16, compare=True))
+    gc.collect()
+    after = rss_mb()
+    print(f"\nRSS over 50 runs (tiny model): {before:.1f} MB -> {after:.1f} MB")
+    assert after - before < 15
+    assert len(list(tmp_path.glob("mars-run-*"))) == 1  # a session keeps its last run's files only
+    session.close()  # Gradio's delete_callback, once the visitor has gone
+    assert not list(tmp_path.glob("mars-run-*"))
