@@ -49,6 +49,11 @@ def main() -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = set()
+    packed = out.with_name(out.name + ".gz")
+    if not out.exists() and packed.exists():  # a fresh clone: continue from the committed, packed rows
+        import gzip
+
+        out.write_bytes(gzip.decompress(packed.read_bytes()))
     if out.exists():
         for line in out.read_text().splitlines():
             try:
