@@ -34,6 +34,7 @@ class BenchConfig:
     max_new_tokens: int = 64
     lookup_tokens: int = 10  # prompt_lookup_num_tokens for the lookup method
     verify_tau: float = 0.0  # verified mode: drafts below this confidence are not sent (0 = send all)
+    backend: str = "auto"  # runs the core's methods (DecodeConfig.backend); hf and lookup are transformers
 
     def __post_init__(self):
         bad = [m for m in self.methods if m not in METHODS]
@@ -135,11 +136,11 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0) -> t
     return outs, (counter.n if len(batch) == 1 else sum(len(o) for o in outs))
 
 
-def _core(lm, batch, mode, tau, block, cache_block, max_new):
+def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
     from mars.decoding import DecodeConfig, generate_ids
 
     cfg = DecodeConfig(mode=mode, tau=1.0 if tau is None else tau, block_size=block, cache_block=cache_block,
-                       max_new_tokens=max_new)
+                       max_new_tokens=max_new, backend=backend)
     results = generate_ids(lm, batch, cfg)
     return [r.token_ids for r in results], sum(r.forwards for r in results)  # per-row forwards, summed
 
@@ -176,7 +177,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
         def call(method, tau, batch):
             if method in ("hf", "lookup"):
                 return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
-            return _core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens)
+            return _core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend)
 
         for method, tau in plan:
             call(method, tau, batches[0][:1])  # warm-up
@@ -233,5 +234,6 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run]) -> dict:
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "max_new_tokens": cfg.max_new_tokens,
+        "backend": cfg.backend,
         "runs": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in runs],
     }

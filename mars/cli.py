@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--system", default=None, help="a system message (none is added otherwise)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
+    g.add_argument("--backend", default="auto", choices=["auto", "fast", "hf", "fast-bf16"],
+                   help="what runs the model: auto = fast where supported; hf = transformers (reference); "
+                        "fast-bf16 = bfloat16 matrices (faster, not exact)")
 
     t = sub.add_parser("train", help="fine-tune a model with the MARS objective")
     t.add_argument("--data", required=True)
@@ -80,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--limit", type=int, default=None)
     b.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    b.add_argument("--backend", default="auto", choices=["auto", "fast", "hf", "fast-bf16"],
+                   help="what runs the model for the core's methods (ar, mars, verified, jacobi)")
     b.add_argument("--out", default=None, help="write the results as JSON here")
     e = sub.add_parser("eval", help="teacher-forced draft accuracy and decoding quality on held-out data")
     e.add_argument("--data", default="data/selfdistill/heldout.jsonl", help="self-distilled JSONL (held out)")
@@ -143,7 +148,7 @@ def cmd_bench(args) -> int:
     prompts = read_prompts(args.prompts)[: args.limit]
     cfg = BenchConfig(prompts=prompts, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                       taus=tuple(args.taus), batch_sizes=tuple(args.batch_sizes), block_size=args.block_size,
-                      cache_block=args.cache_block, max_new_tokens=args.max_new_tokens)
+                      cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend)
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
     bar = tqdm(desc="bench", unit="batch")
     runs = run_bench(lm, cfg, progress=lambda *a: bar.update(1))
@@ -174,7 +179,7 @@ def cmd_generate(args) -> int:
         mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
-        temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups,
+        temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, backend=args.backend,
     )
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):

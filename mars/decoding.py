@@ -23,6 +23,9 @@ nothing) until every row has reached E; then E moves on by `cache_block`. This b
 apart, and so the width of the forward input. Idling never changes a row's output: a row's next pass
 depends only on its own prefix, so a batch gives each row exactly the passes it would get alone.
 At batch 1, every pass commits all fed tokens: committed tokens are never recomputed.
+
+The model runs behind one forward function and one KV cache (mars/backends.py): transformers' own
+forward (`backend="hf"`, the reference) or a lean forward with a preallocated cache (mars/fastpath.py).
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from typing import Iterator
 import torch
 
 from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
+from mars.backends import BACKENDS, make_backend
 from mars.modes import RowPlan, make_mode
-from mars.objective import additive_mask
 
 MODES = ("mars", "ar", "verified", "jacobi")
 
@@ -56,6 +59,10 @@ class DecodeConfig:
     seed: int | None = None
     top_k: int = 0  # keep the top-k candidates of every proposal in the records (the app's inspector)
     verify_groups: str = "all"  # verified mode: "all" = a mask group per acceptance outcome, "last" = one
+    # what runs the model (mars/backends.py): "auto" = "fast" (mars/fastpath.py: same logits to float
+    # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
+    # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
+    backend: str = "auto"
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -75,6 +82,8 @@ class DecodeConfig:
         self.stop_strings = tuple(s for s in self.stop_strings if s)
         if self.verify_groups not in ("all", "last"):
             raise ValueError(f"verify_groups must be 'all' or 'last', got {self.verify_groups!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: temperature must be 0")
 
@@ -218,8 +227,6 @@ def decode_steps(
         raise ValueError(
             f"prompt ({P} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the model's context of {limit}"
         )
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
     eos = set(lm.eos_token_ids)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     gen = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else None
@@ -227,7 +234,10 @@ def decode_steps(
 
     rows = [_Row(i, p, P - len(p)) for i, p in enumerate(prompts)]
     live = list(rows)  # rows still decoding, in the cache's batch order
-    cache = _new_cache(model) if cfg.use_cache else None
+    # one forward function and one KV cache whichever backend (uncached runs keep no column between passes);
+    # sized for the prompt, the answer and a pass's extras (< B drafts + B mask groups), it grows if need be
+    capacity = P + cfg.max_new_tokens + cfg.block_size ** 2
+    runner = make_backend(model, cfg.backend, len(rows), capacity, cfg.use_cache)
     C = 0  # cached columns
     key_ok = torch.zeros((len(rows), 0), dtype=torch.bool)  # (b_live, C): False for left padding
     block_end = P + cfg.cache_block
@@ -262,16 +272,7 @@ def decode_steps(
         cached = key_ok[:, :start] if cfg.use_cache else key_ok[:, :0]
         allowed = torch.cat([cached[:, None, :].expand(b, W, start), local], dim=2)  # (b, W, start + W)
         allowed[:, torch.arange(W), start + torch.arange(W)] = True  # padding queries see themselves
-        with torch.inference_mode():
-            out = model(
-                input_ids=ids.to(device),
-                position_ids=pos.to(device),
-                attention_mask=additive_mask(allowed[:, None], dtype).to(device),
-                past_key_values=cache,
-                use_cache=cfg.use_cache,
-                logits_to_keep=torch.tensor(keep_idx, device=device),
-            )
-        logits = out.logits.float().cpu()  # (b, len(keep_idx), V)
+        logits = runner.forward(ids, pos, allowed, keep_idx)  # (b, len(keep_idx), V) float32
         where = {k: j for j, k in enumerate(keep_idx)}
 
         # 2. score and 3. accept, row by row
@@ -319,16 +320,15 @@ def decode_steps(
         # 4. cache: keep the columns every row computed from real inputs; drop masks and run-ahead tokens
         if cfg.use_cache:
             commit = min(valid) - C  # columns [C, C + commit) hold real tokens' KV for every row
-            if W > commit:
-                cache.crop(-(W - commit))
             new_ok = torch.stack([torch.arange(C, C + commit) >= r.pad for r in live])
             key_ok = torch.cat([key_ok, new_ok], dim=1)
             C += commit
+        runner.truncate(C)
         done = [i for i, r in enumerate(live) if r.finish_reason is not None]
         if done:
             keep_rows = [i for i in range(len(live)) if i not in done]
-            if cache is not None and keep_rows:
-                cache.batch_select_indices(torch.tensor(keep_rows, device=device))
+            if keep_rows:
+                runner.select(keep_rows)
             key_ok = key_ok[keep_rows]
             live = [live[i] for i in keep_rows]
         elapsed = time.perf_counter() - t0
@@ -409,12 +409,6 @@ def _apply_stop_strings(tok, row: _Row, props: list[int], n: int, stops: tuple[s
         if any(s in tail for s in stops):
             return k, "stop"
     return n, reason
-
-
-def _new_cache(model):
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
 
 
 def stream(lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl | None = None) -> Iterator[PassRecord]:

@@ -35,19 +35,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_SLOWED: dict[int, float] = {}  # id(model) -> extra seconds per pass
+
+
+def _slow_make_backend(make):
+    """Wrap the decoder's backend factory: runners of slowed models sleep and never emit EOS."""
+
+    def wrapped(model, *args, **kwargs):
+        runner = make(model, *args, **kwargs)
+        delay = _SLOWED.get(id(model))
+        if delay is not None:
+            import torch
+
+            forward, eos = runner.forward, [model.generation_config.eos_token_id]
+
+            def slow_forward(*a, **k):
+                logits = forward(*a, **k).clone()  # an inference tensor: copy before writing
+                time.sleep(delay)
+                logits[..., eos] = torch.finfo(logits.dtype).min
+                return logits
+
+            runner.forward = slow_forward
+        return runner
+
+    return wrapped
+
+
 def slowed(lm, delay: float = 0.05):
-    """The same model, ~`delay` s slower per pass, never ending on EOS: a run long enough to steer."""
-    import torch
+    """The same model, ~`delay` s slower per pass, never ending on EOS: a run long enough to steer.
 
-    forward, eos = lm.model.forward, lm.eos_token_ids
+    Works whichever backend runs the model (the fast path bypasses `model.forward`), and touches no
+    other model: the wrapper only acts on models registered here.
+    """
+    import mars.decoding
 
-    def slow_forward(*args, **kwargs):
-        out = forward(*args, **kwargs)
-        time.sleep(delay)
-        out.logits[..., eos] = torch.finfo(out.logits.dtype).min
-        return out
-
-    lm.model.forward = slow_forward
+    if not getattr(mars.decoding.make_backend, "_slowable", False):
+        mars.decoding.make_backend = _slow_make_backend(mars.decoding.make_backend)
+        mars.decoding.make_backend._slowable = True
+    _SLOWED[id(lm.model)] = delay
     return lm
 
 

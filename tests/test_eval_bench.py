@@ -84,11 +84,12 @@ def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
     out = tmp_path / "b.json"
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, "-m", "mars", "bench", "--prompts", str(f), "--model", str(tiny_dir),
-                        "--methods", "hf,ar,mars", "--taus", "0.5", "--max-new-tokens", "8", "--out", str(out)],
+                        "--methods", "hf,ar,mars", "--taus", "0.5", "--max-new-tokens", "8", "--out", str(out),
+                        "--backend", "hf"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
-    assert {"model", "block_size", "machine", "runs"} <= set(data)
+    assert {"model", "block_size", "machine", "runs"} <= set(data) and data["backend"] == "hf"
     need = {"method", "tau", "batch_size", "prompts", "new_tokens", "forwards", "tokens_per_forward", "wall_s",
             "tokens_per_s", "speedup_vs_ar", "exact_match_with_ar", "prefix_match_with_ar", "mean_nll_under_ar",
             "peak_rss_mb"}

@@ -1,0 +1,104 @@
+"""The decoder's view of a model: one forward function and one KV cache, whichever code runs the model.
+
+    forward(ids, positions, allowed, keep) -> logits (b, len(keep), V), float32, on the CPU
+    length        columns held in the KV cache
+    truncate(n)   keep columns [0, n): drops mask and rejected-draft KV after a pass
+    select(rows)  keep these batch rows (finished rows leave the batch)
+
+`forward` feeds a window of W columns per row after the cached ones; `allowed` (b, W, length + W) says
+which keys each window input may attend to. Backends:
+  hf        transformers' own forward and DynamicCache: the reference path
+  fast      mars.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
+  fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
+  auto      fast where the model is supported and on the CPU, else hf
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mars.objective import additive_mask
+
+BACKENDS = ("auto", "fast", "hf", "fast-bf16")
+
+
+class HFBackend:
+    def __init__(self, model, use_cache: bool = True):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache(config=model.config) if use_cache else None  # None: nothing is ever kept
+        p = next(model.parameters())
+        self.dtype, self.device = p.dtype, p.device
+
+    @property
+    def length(self) -> int:
+        return self.cache.get_seq_length() if self.cache is not None else 0
+
+    def forward(self, ids, positions, allowed, keep: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=ids.to(self.device),
+                position_ids=positions.to(self.device),
+                attention_mask=additive_mask(allowed[:, None], self.dtype).to(self.device),
+                past_key_values=self.cache,
+                use_cache=self.cache is not None,
+                logits_to_keep=torch.tensor(keep, device=self.device),
+            )
+        return out.logits.float().cpu()
+
+    def truncate(self, n: int):
+        if self.cache is not None and self.length > n:
+            self.cache.crop(n - self.length)
+
+    def select(self, rows: list[int]):
+        if self.cache is not None:
+            self.cache.batch_select_indices(torch.tensor(rows, device=self.device))
+
+
+class FastBackend:
+    def __init__(self, model, batch: int, capacity: int, weight_dtype: torch.dtype | None = None,
+                 layout: str = "auto"):
+        from mars.fastpath import fast_model
+
+        self.lm = fast_model(model, weight_dtype, layout)
+        self.cache = self.lm.new_cache(batch, capacity)
+
+    @property
+    def length(self) -> int:
+        return self.cache.length
+
+    def forward(self, ids, positions, allowed, keep: list[int]) -> torch.Tensor:
+        d = self.lm.device
+        logits = self.lm.forward(ids.to(d), positions.to(d), allowed.to(d), torch.tensor(keep, device=d), self.cache)
+        return logits.float().cpu()
+
+    def truncate(self, n: int):
+        self.cache.truncate(n)
+
+    def select(self, rows: list[int]):
+        self.cache.select(rows)
+
+
+def resolve_backend(model, name: str) -> str:
+    """'auto' -> 'fast' or 'hf'; 'fast' on a model the fast path cannot run is an error that says why."""
+    from mars.fastpath import unsupported_reason
+
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+    if name == "hf":
+        return name
+    reason = unsupported_reason(model)
+    if name == "auto":
+        return "fast" if reason is None and next(model.parameters()).device.type == "cpu" else "hf"
+    if reason is not None:
+        raise ValueError(f"backend {name!r} cannot run this model: {reason}; use backend 'hf'")
+    return name
+
+
+def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = True):
+    """A backend for one decoding run of `batch` rows, sized for `capacity` columns (it grows if needed)."""
+    name = resolve_backend(model, name)
+    if name == "hf":
+        return HFBackend(model, use_cache)
+    return FastBackend(model, batch, capacity, torch.bfloat16 if name == "fast-bf16" else None)

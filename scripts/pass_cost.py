@@ -1,0 +1,117 @@
+"""Cost of one forward pass against the number of inputs in it, per backend: is a MARS pass cheap?
+
+A MARS pass at block size B feeds the accepted tokens plus B-1 masks, so it carries 2 to 2B-1 inputs where
+an AR pass carries 1. MARS wins wall-clock only if it accepts more tokens per pass than a W-input pass
+costs relative to a 1-input pass. This prints that cost ratio, by pass width, for each backend.
+
+Each pass runs against a cached prefix of --prompt-len tokens, reads the logits of every input (as MARS
+does), then drops its KV. Backends and widths are interleaved round by round in one process, so a
+background load on the machine falls on all of them alike; the median and the minimum over rounds are
+reported. `fast:<layout>` runs the fast path with one matrix layout (mars.fastpath.LAYOUTS): `linear`
+(the model's own matrices, MKL), `packed` (oneDNN-packed copies), `auto` (linear for <= 2 rows, else packed).
+
+    python scripts/pass_cost.py --threads 1
+    python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 --rounds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mars.backends import FastBackend, HFBackend  # noqa: E402
+
+
+def make(model, name: str, capacity: int):
+    """'hf', 'fast', 'fast-bf16', or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
+    if name == "hf":
+        return HFBackend(model)
+    base, _, layout = name.partition(":")
+    dtype = torch.bfloat16 if base == "fast-bf16" else None
+    return FastBackend(model, 1, capacity, dtype, layout or "auto")
+
+
+def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_len: int, seed: int = 0) -> dict:
+    """ms per pass for every backend and width: {"median": {backend: {W: ms}}, "min": ...}."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(100, vocab, (1, prompt_len), generator=g)
+    runs = {}
+    for name in backends:
+        be = make(model, name, prompt_len + max(widths) + 1)
+        causal = torch.tril(torch.ones(prompt_len, prompt_len, dtype=torch.bool))[None]
+        be.forward(prompt, torch.arange(prompt_len)[None], causal, [prompt_len - 1])
+        runs[name] = be
+    inputs = {}
+    for W in widths:
+        ids = torch.randint(100, vocab, (1, W), generator=g)
+        pos = torch.arange(prompt_len, prompt_len + W)[None]
+        allowed = torch.ones(1, W, prompt_len + W, dtype=torch.bool)
+        allowed[0, :, prompt_len:] = torch.tril(torch.ones(W, W, dtype=torch.bool))
+        inputs[W] = (ids, pos, allowed, list(range(W)))
+    times = {(n, W): [] for n in backends for W in widths}
+    for r in range(rounds + 1):  # round 0 warms up every kernel
+        for W in widths:
+            for name, be in runs.items():
+                t0 = time.perf_counter()
+                be.forward(*inputs[W])
+                dt = time.perf_counter() - t0
+                be.truncate(prompt_len)
+                if r:
+                    times[(name, W)].append(dt)
+    return {stat: {name: {W: 1e3 * fn(times[(name, W)]) for W in widths} for name in backends}
+            for stat, fn in (("median", statistics.median), ("min", min))}
+
+
+def format_table(result: dict, widths: list[int]) -> str:
+    head = f"{'backend':<18}" + "".join(f"{'W=' + str(W):>16}" for W in widths)
+    lines = [head, "-" * len(head)]
+    for name, row in result.items():
+        base = row[widths[0]]
+        lines.append(f"{name:<18}" + "".join(f"{row[W]:8.1f}ms {row[W] / base:4.2f}x" for W in widths))
+    ref = result.get("hf")
+    if ref:
+        lines.append("")
+        lines.append("hf time / backend time, same width:")
+        for name, row in result.items():
+            if name != "hf":
+                lines.append(f"{name:<18}" + "".join(f"{ref[W] / row[W]:15.2f}x" for W in widths))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="Hub id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--backends", nargs="+", default=["hf", "fast", "fast-bf16"])
+    ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None, help="also write the table as JSON here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from mars.loading import load
+
+    lm = load(args.model, adapter="none", dtype=args.dtype)
+    result = measure(lm.model, args.backends, args.widths, args.rounds, args.prompt_len)
+    for stat in ("median", "min"):
+        print(f"\nms per pass ({stat} of {args.rounds} rounds) and ratio to the {args.widths[0]}-input pass; "
+              f"{args.threads} thread(s), cached prefix {args.prompt_len}")
+        print(format_table(result[stat], args.widths))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"threads": args.threads, "prompt_len": args.prompt_len,
+                                              "ms_per_pass": result}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
