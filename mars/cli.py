@@ -126,7 +126,8 @@ def cmd_eval(args) -> int:
         prompts = [ex.prompt_ids for ex in examples]
         known = None
         if args.known and Path(args.known).is_file():
-            rows = read_jsonl(args.known)[: args.known_limit]
+            rows = read_jsonl(args.known)
+            rows = rows[:: max(1, len(rows) // max(1, args.known_limit))][: args.known_limit]  # every kind
             known = ([encode_prompt(lm.tokenizer, r["prompt"]) for r in rows], [r["answer"] for r in rows])
         report["decoding"] = decoding_eval(lm, bare, prompts, args.taus, block, args.max_new_tokens, known=known)
         for row in report["decoding"]:
