@@ -5,7 +5,8 @@ Methods, all on the same prompts and model:
   ar     the core's AR mode (the baseline every speed-up is measured against)
   mars   the core at each tau
   lookup transformers prompt-lookup decoding (batch 1 only: transformers has no batched assisted decoding)
-  verified the core's lossless mode: MARS drafts checked by the model's own AR logits (tau filters drafts)
+  verified the core's lossless mode: MARS drafts checked by the model's own AR logits (tau filters drafts),
+         with a mask group per acceptance outcome; verified_last: one mask group, after all drafts
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
 Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
 (`run_bench` returns them); the table and the JSON file are written by `main`.
@@ -20,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-METHODS = ("hf", "ar", "mars", "lookup", "verified", "jacobi")
+METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "jacobi")
 
 
 @dataclass
@@ -60,6 +61,7 @@ class Run:
     prefix_match_with_ar: float | None = None
     mean_nll_under_ar: float | None = None
     peak_rss_mb: float = 0.0
+    input_per_pass: float | None = None  # forward-input positions per pass (the window width), core methods
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
 
@@ -133,16 +135,20 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0) -> t
     eos = set(lm.eos_token_ids)
     outs = [_strip(row[P:].tolist(), eos, pad) for row in out]
     # per-row forwards: the counted passes at batch 1; in a batch every row takes one pass per token
-    return outs, (counter.n if len(batch) == 1 else sum(len(o) for o in outs))
+    return outs, (counter.n if len(batch) == 1 else sum(len(o) for o in outs)), None, None
 
 
 def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
     from mars.decoding import DecodeConfig, generate_ids
 
-    cfg = DecodeConfig(mode=mode, tau=1.0 if tau is None else tau, block_size=block, cache_block=cache_block,
-                       max_new_tokens=max_new, backend=backend)
+    groups = "last" if mode == "verified_last" else "all"
+    cfg = DecodeConfig(mode="verified" if groups == "last" else mode, tau=1.0 if tau is None else tau,
+                       block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
+                       verify_groups=groups)
     results = generate_ids(lm, batch, cfg)
-    return [r.token_ids for r in results], sum(r.forwards for r in results)  # per-row forwards, summed
+    widths = {s.pass_index: s.input_len for r in results for s in r.steps}  # one width per batch pass
+    # per-row forwards, summed; and the forward input's positions summed over passes
+    return [r.token_ids for r in results], sum(r.forwards for r in results), sum(widths.values()), len(widths)
 
 
 def _plan(cfg: BenchConfig):
@@ -151,8 +157,8 @@ def _plan(cfg: BenchConfig):
     for m in cfg.methods:
         if m == "mars":
             plan += [("mars", t) for t in cfg.taus]
-        elif m == "verified":
-            plan.append(("verified", cfg.verify_tau))
+        elif m in ("verified", "verified_last"):
+            plan.append((m, cfg.verify_tau))
         elif m != "ar":
             plan.append((m, None))
     return plan
@@ -184,13 +190,17 @@ def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
         outputs = {key: [] for key in plan}
         forwards = {key: 0 for key in plan}
         wall = {key: 0.0 for key in plan}
+        width = {key: [0, 0] for key in plan}  # positions fed, passes
         for batch in batches:
             for key in plan:
                 t0 = time.perf_counter()
-                outs, n = call(*key, batch)
+                outs, n, positions, passes = call(*key, batch)
                 wall[key] += time.perf_counter() - t0
                 outputs[key] += outs
                 forwards[key] += n
+                if positions is not None:
+                    width[key][0] += positions
+                    width[key][1] += passes
                 if progress:
                     progress(*key, bs)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -206,20 +216,22 @@ def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
                 exact_match_with_ar=sum(a == b for a, b in zip(ar, outs)) / len(outs),
                 prefix_match_with_ar=sum(prefix_match(a, b) for a, b in zip(ar, outs)) / len(outs),
                 mean_nll_under_ar=sum(nll) / max(1, len(nll)), peak_rss_mb=rss, outputs=outs,
+                input_per_pass=width[key][0] / width[key][1] if width[key][1] else None,
             ))
     return runs
 
 
 def format_table(runs: list[Run]) -> str:
-    head = f"{'method':<8}{'tau':>6}{'batch':>6}{'tokens':>8}{'fwd':>7}{'tok/fwd':>9}{'wall s':>9}{'tok/s':>8}" \
-           f"{'vs ar':>7}{'exact':>7}{'prefix':>8}{'nll':>7}"
+    head = f"{'method':<14}{'tau':>6}{'batch':>6}{'tokens':>8}{'fwd':>7}{'tok/fwd':>9}{'wall s':>9}{'tok/s':>8}" \
+           f"{'vs ar':>7}{'exact':>7}{'prefix':>8}{'nll':>7}{'in/pass':>8}"
     lines = [head, "-" * len(head)]
     for r in runs:
         f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
         lines.append(
-            f"{r.method:<8}{f(r.tau, '%.2f'):>6}{r.batch_size:>6}{r.new_tokens:>8}{r.forwards:>7}"
+            f"{r.method:<14}{f(r.tau, '%.2f'):>6}{r.batch_size:>6}{r.new_tokens:>8}{r.forwards:>7}"
             f"{r.tokens_per_forward:>9.2f}{r.wall_s:>9.2f}{r.tokens_per_s:>8.1f}{f(r.speedup_vs_ar, '%.2fx'):>7}"
             f"{f(r.exact_match_with_ar, '%.2f'):>7}{f(r.prefix_match_with_ar, '%.2f'):>8}{f(r.mean_nll_under_ar, '%.3f'):>7}"
+            f"{f(r.input_per_pass, '%.1f'):>8}"
         )
     return "\n".join(lines)
 
