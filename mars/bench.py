@@ -79,18 +79,6 @@ def read_prompts(path: str | Path) -> list[str]:
     return out
 
 
-def prefix_match(reference: list[int], candidate: list[int]) -> float:
-    """Fraction of the reference reproduced before the first difference."""
-    if not reference:
-        return 1.0
-    n = 0
-    for a, b in zip(reference, candidate):
-        if a != b:
-            break
-        n += 1
-    return n / len(reference)
-
-
 def _strip(ids: list[int], eos: set[int], pad: int) -> list[int]:
     """transformers pads finished rows; keep ids up to and including the first EOS."""
     out = []
@@ -171,7 +159,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
     background load on the machine falls on all of them alike and the ratios stay fair.
     """
     from mars.decoding import encode_prompt
-    from mars.quality import mean_nll
+    from mars.quality import mean_nll, prefix_match
 
     block = cfg.block_size or lm.trained_block_size or 4
     ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]

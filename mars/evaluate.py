@@ -88,8 +88,7 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
                   known: tuple[list[list[int]], list[str]] | None = None) -> list[dict]:
     """Generate at each tau (batched: token-for-token the same as one by one) and score the runs."""
     from mars.decoding import DecodeConfig, generate_ids
-    from mars.bench import prefix_match
-    from mars.quality import mean_nll
+    from mars.quality import mean_nll, prefix_match
 
     def run(ids, tau):
         cfg = DecodeConfig(mode="mars", tau=tau, block_size=block_size, max_new_tokens=max_new)

@@ -1,7 +1,7 @@
 """Quality measures for a generation, relative to the plain AR model: small pure functions.
 
 - `mean_nll`: how likely the AR model finds a text (one teacher-forced causal forward of prompt + text).
-- `prefix_agreement`: how much of the AR output a run reproduced exactly, from the start.
+- `prefix_agreement`, `prefix_match`: how much of the AR output a run reproduced exactly, from the start.
 """
 
 from __future__ import annotations
@@ -31,14 +31,22 @@ def mean_nll(lm, prompt_ids: list[int], token_ids: list[int]) -> float:
     return float(F.cross_entropy(scoring, targets, reduction="mean"))
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Number of leading tokens two sequences share."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def prefix_agreement(reference: list[int], candidate: list[int]) -> float:
     """Length of the common prefix over the longer of the two: 1.0 only for identical sequences."""
     longest = max(len(reference), len(candidate))
-    if longest == 0:
-        return 1.0
-    common = 0
-    for a, b in zip(reference, candidate):
-        if a != b:
-            break
-        common += 1
-    return common / longest
+    return common_prefix(reference, candidate) / longest if longest else 1.0
+
+
+def prefix_match(reference: list[int], candidate: list[int]) -> float:
+    """Fraction of the reference reproduced before the first difference (the bench's prefix_match_with_ar)."""
+    return common_prefix(reference, candidate) / len(reference) if reference else 1.0

@@ -25,6 +25,17 @@ def pytest_sessionstart(session):
     torch.set_num_threads(int(os.environ.get("MARS_TEST_THREADS", "1")))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def run_files_in_tmp(tmp_path_factory):
+    """The app writes each run's downloads under tempfile's folder: keep them in pytest's."""
+    import tempfile
+
+    old = tempfile.tempdir
+    tempfile.tempdir = str(tmp_path_factory.mktemp("runs"))
+    yield
+    tempfile.tempdir = old
+
+
 @pytest.fixture(scope="session")
 def tiny_lm():
     return tiny.make_loaded("llama")

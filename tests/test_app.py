@@ -29,17 +29,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "what is the capital of france ?"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def run_files_in_tmp(tmp_path_factory):
-    """The app writes each run's downloads under tempfile's folder: keep them in pytest's."""
-    import tempfile
-
-    old = tempfile.tempdir
-    tempfile.tempdir = str(tmp_path_factory.mktemp("runs"))
-    yield
-    tempfile.tempdir = old
-
-
 @pytest.fixture(scope="module")
 def lm():
     return make_loaded()

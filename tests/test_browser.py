@@ -86,17 +86,6 @@ def serve(provider):
     return demo, f"http://127.0.0.1:{port}/"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def run_files_in_tmp(tmp_path_factory):
-    """The app writes each run's downloads under tempfile's folder: keep them in pytest's."""
-    import tempfile
-
-    old = tempfile.tempdir
-    tempfile.tempdir = str(tmp_path_factory.mktemp("runs"))
-    yield
-    tempfile.tempdir = old
-
-
 @pytest.fixture(scope="module")
 def browser():
     with sync_api.sync_playwright() as p:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import torch
 
-from mars.bench import BenchConfig, format_table, prefix_match, read_prompts, run_bench
+from mars.bench import BenchConfig, format_table, read_prompts, run_bench
 from mars.evaluate import draft_accuracy
 from mars.objective import Example
+from mars.quality import prefix_match
 
 ROOT = Path(__file__).resolve().parent.parent
 
