@@ -1,4 +1,4 @@
-"""The app's logic without the UI: the shared model, each visitor's session, run traces, input checks.
+"""The app's logic without the UI: the shared model, each visitor's session, run traces, sweeps.
 
 `app.py` holds components and event handlers only; everything here is plain Python over the decoder core
 (`mars.decoding.stream`), testable without Gradio.
@@ -13,27 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
-from mars.decoding import DecodeConfig, DecodeControl, PassRecord, encode_prompt, stream
+from mars.decoding import DecodeConfig, DecodeControl, PassRecord, stream
 
-MAX_BLOCK = 16
-TOP_K = 5  # candidates kept per proposal, for the pass inspector
-MODE_LABELS = {"MARS (tau rule)": "mars", "Verified (lossless)": "verified"}  # the app's modes: UI label -> core
-APP_MODES = tuple(MODE_LABELS.values())
-
-
-def max_new_tokens_limit() -> int:
-    return int(os.environ.get("MARS_MAX_NEW_TOKENS", "512"))
-
-
-def max_prompt_tokens() -> int:
-    """Server-side cap on a prompt's tokens (chat template included), whatever a client sends."""
-    return int(os.environ.get("MARS_MAX_PROMPT_TOKENS", "1024"))
-
-
-def max_prompt_chars() -> int:
-    """Checked before tokenizing, so a megabyte of text costs no tokenizer time; generous per token."""
-    return 16 * max_prompt_tokens()
+from mars.app_inputs import (  # noqa: F401  (re-exported: app.py and the tests import them from here)
+    APP_MODES, MAX_BLOCK, MODE_LABELS, TOP_K, check_mode, check_prompt, check_tau, encode_checked, fit_to_model,
+    make_config, max_new_tokens_limit, max_prompt_chars, max_prompt_tokens, sanitize_text,
+)
 
 
 def default_provider() -> Callable[[], object]:
@@ -233,110 +218,6 @@ class Session:
 
             shutil.rmtree(folder, ignore_errors=True)
         self.files = {}
-
-
-# ------------------------------------------------------------------------------------------ input checks
-
-
-def check_tau(tau) -> float:
-    if not is_finite_number(tau) or not 0.0 <= float(tau) <= 1.0:
-        raise ValueError(f"tau must be a number between 0 and 1, got {_short(tau)}")
-    return float(tau)
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    given = value
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # sliders and JSON clients send 4.0 for 4
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a whole number between {lo} and {hi}, got {_short(given)}")
-    return value
-
-
-def _short(value) -> str:
-    """A client's value in a message: its repr, cut short (a client can send a megabyte)."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def check_mode(mode) -> str:
-    """The app's decoding mode from a UI label or a core name ("mars", "verified")."""
-    if isinstance(mode, str) and (mode in MODE_LABELS or mode in APP_MODES):
-        return MODE_LABELS.get(mode, mode)
-    raise ValueError(f"mode must be one of {', '.join(APP_MODES)}, got {_short(mode)}")
-
-
-def sanitize_text(text: str) -> str:
-    """Text the tokenizer and JSON both accept, otherwise as typed.
-
-    Surrogate halves that form a pair are joined, lone ones (invalid in UTF-8, e.g. "\\ud800") become U+FFFD,
-    and NUL is dropped. Other control characters, right-to-left marks, combining characters and emoji stay.
-    """
-    if any("\ud800" <= ch <= "\udfff" for ch in text):
-        text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text.replace("\x00", "")
-
-
-def check_prompt(prompt) -> str:
-    """The prompt, sanitized; ValueError when it is empty or too long to be worth tokenizing."""
-    if prompt is None:
-        prompt = ""
-    if not isinstance(prompt, str):
-        raise ValueError(f"the prompt must be text, got {type(prompt).__name__}")
-    prompt = sanitize_text(prompt)
-    if not prompt.strip():
-        raise ValueError("the prompt is empty: type a question or pick an example")
-    if len(prompt) > max_prompt_chars():
-        raise ValueError(f"the prompt is too long ({len(prompt)} characters); prompts are limited to "
-                         f"{max_prompt_tokens()} tokens on this server")
-    return prompt
-
-
-def encode_checked(lm, prompt: str, cfg: DecodeConfig) -> list[int]:
-    """The prompt's ids through the chat template, within the server's cap and the model's context."""
-    ids = encode_prompt(lm.tokenizer, prompt)
-    cap = max_prompt_tokens()
-    if len(ids) > cap:
-        raise ValueError(f"the prompt is too long: {len(ids)} tokens with the chat template, at most {cap} "
-                         "on this server")
-    context = getattr(lm.model.config, "max_position_embeddings", None)
-    if context and len(ids) + cfg.max_new_tokens + 2 * cfg.block_size > context:  # the decoder's own bound
-        raise ValueError(f"the prompt ({len(ids)} tokens) plus max new tokens ({cfg.max_new_tokens}) does not fit "
-                         f"this model's context of {context} tokens: shorten the prompt or lower max new tokens")
-    return ids
-
-
-def make_config(
-    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K, cache_block=32
-) -> DecodeConfig:
-    """A DecodeConfig from UI or API values, with messages a visitor can act on (ValueError)."""
-    if not isinstance(confidence, str) or confidence not in CONFIDENCE_MEASURES:
-        raise ValueError(f"confidence must be one of {', '.join(CONFIDENCE_MEASURES)}, got {_short(confidence)}")
-    return DecodeConfig(
-        mode=mode,
-        block_size=_check_int("block size", block_size, 1, MAX_BLOCK),
-        tau=check_tau(tau),
-        confidence=confidence,
-        max_new_tokens=_check_int("max new tokens", max_new_tokens, 1, max_new_tokens_limit()),
-        cache_block=_check_int("cache block", cache_block, 1, 4096),
-        top_k=top_k,
-    )
-
-
-def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
-    """The run this model can do, and notes for the visitor: a model without a mask token runs plain AR;
-    a block size beyond the trained one is allowed (it is an experiment worth making) but flagged."""
-    from dataclasses import replace
-
-    notes = []
-    if cfg.mode != "ar" and lm.mask_token_id is None:
-        notes.append("this model has no mask token, so it cannot draft: the run is plain AR, one token per pass")
-        return replace(cfg, mode="ar", block_size=1), notes
-    trained = lm.trained_block_size
-    if cfg.mode != "ar" and trained and cfg.block_size > trained:
-        notes.append(f"block size {cfg.block_size} is larger than the {trained} this model was trained with: "
-                     "masks past its training are rarely accepted")
-    return cfg, notes
 
 
 # ------------------------------------------------------------------------------------------------- runs
