@@ -18,6 +18,13 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def bench_png(data: dict, path: str | Path) -> Path:
     """Tokens per forward and speed-up vs AR against tau, one line per batch size (the bench JSON)."""
     plt = _plt()
@@ -35,10 +42,7 @@ def bench_png(data: dict, path: str | Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(f"{data.get('model')} + {Path(data.get('adapter') or 'no adapter').name}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def bench_html(data: dict, path: str | Path) -> Path:
@@ -68,10 +72,7 @@ def loss_png(log_path: str | Path, path: str | Path, title: str = "") -> Path:
     ax.set(xlabel="training minutes", ylabel="cross-entropy", title=title or "MARS training")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def pareto_png(evals: dict[str, dict], path: str | Path) -> Path:
@@ -87,10 +88,7 @@ def pareto_png(evals: dict[str, dict], path: str | Path) -> Path:
            title="speed / quality trade-off (labels: tau)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
 
 
 def calibration_png(report: dict, path: str | Path) -> Path:
@@ -104,7 +102,4 @@ def calibration_png(report: dict, path: str | Path) -> Path:
     ax.set(xlabel="mask confidence (max prob)", ylabel="accuracy vs AR token", xlim=(0, 1), ylim=(0, 1),
            title="draft calibration")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path)
