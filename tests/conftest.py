@@ -57,3 +57,17 @@ def default_lm():
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     return tiny.save_tiny(tmp_path_factory.mktemp("tiny") / "llama")
+
+
+@pytest.fixture(scope="module")
+def lm():
+    """The app tests' model: a fresh tiny one per module (app tests may patch it)."""
+    return tiny.make_loaded()
+
+
+@pytest.fixture(scope="module")
+def ui(lm):
+    """The app's logic around `lm`, without a server."""
+    import app as app_module
+
+    return app_module.create_demo(lambda: lm).mars_app

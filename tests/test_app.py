@@ -23,20 +23,10 @@ import pytest
 import app as app_module
 from mars.app_state import Session, load_other
 from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from tiny import make_loaded, save_tiny
+from tiny import save_tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "what is the capital of france ?"
-
-
-@pytest.fixture(scope="module")
-def lm():
-    return make_loaded()
-
-
-@pytest.fixture(scope="module")
-def ui(lm):
-    return app_module.create_demo(lambda: lm).mars_app
 
 
 def groups(html: str) -> list[dict]:

@@ -31,16 +31,6 @@ PROMPT = "what is the capital of france ?"
 MARS, VERIFIED = "MARS (tau rule)", "Verified (lossless)"
 
 
-@pytest.fixture(scope="module")
-def lm():
-    return make_loaded()
-
-
-@pytest.fixture(scope="module")
-def ui(lm):
-    return app_module.create_demo(lambda: lm).mars_app
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
