@@ -62,21 +62,33 @@ class Run:
     mean_nll_under_ar: float | None = None
     peak_rss_mb: float = 0.0
     input_per_pass: float | None = None  # forward-input positions per pass (the window width), core methods
+    row_forwards: list[int] = field(default_factory=list)  # per prompt: the passes its row took
+    interrupted: bool = False  # the run stopped early: only the batches every method finished are counted
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
+    @property
+    def row_tokens_per_forward(self) -> list[float]:
+        return [len(o) / max(1, f) for o, f in zip(self.outputs, self.row_forwards)]
 
-def read_prompts(path: str | Path) -> list[str]:
-    """One prompt per line, or JSONL with a `prompt` field."""
-    out = []
+
+def read_prompts(path: str | Path, with_kinds: bool = False):
+    """One prompt per line, or JSONL with a `prompt` field (and optionally a `kind`, for per-kind reports).
+
+    Returns the prompts, or (prompts, kinds) with `with_kinds` (kind None where a line has none).
+    """
+    out, kinds = [], []
     for line in Path(path).read_text().splitlines():
         line = line.strip()
         if not line:
             continue
         if line.startswith("{"):
-            out.append(json.loads(line)["prompt"])
+            row = json.loads(line)
+            out.append(row["prompt"])
+            kinds.append(row.get("kind"))
         else:
             out.append(line)
-    return out
+            kinds.append(None)
+    return (out, kinds) if with_kinds else out
 
 
 def _strip(ids: list[int], eos: set[int], pad: int) -> list[int]:
@@ -123,7 +135,8 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0) -> t
     eos = set(lm.eos_token_ids)
     outs = [_strip(row[P:].tolist(), eos, pad) for row in out]
     # per-row forwards: the counted passes at batch 1; in a batch every row takes one pass per token
-    return outs, (counter.n if len(batch) == 1 else sum(len(o) for o in outs)), None, None
+    rows = [counter.n] if len(batch) == 1 else [len(o) for o in outs]
+    return outs, rows, None, None
 
 
 def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
@@ -135,8 +148,8 @@ def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
                        verify_groups=groups)
     results = generate_ids(lm, batch, cfg)
     widths = {s.pass_index: s.input_len for r in results for s in r.steps}  # one width per batch pass
-    # per-row forwards, summed; and the forward input's positions summed over passes
-    return [r.token_ids for r in results], sum(r.forwards for r in results), sum(widths.values()), len(widths)
+    # per-row forwards; and the forward input's positions summed over passes
+    return [r.token_ids for r in results], [r.forwards for r in results], sum(widths.values()), len(widths)
 
 
 def _plan(cfg: BenchConfig):
@@ -152,8 +165,11 @@ def _plan(cfg: BenchConfig):
     return plan
 
 
-def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
+def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -> list[Run]:
     """Time every (method, tau) on every batch of prompts.
+
+    Ctrl-C stops it early: it returns what every method finished side by side (whole batches), and fills
+    `status` (when given) with {"interrupted": bool, "finished": {batch size: prompts done}}.
 
     Methods are interleaved batch by batch (all methods on batch 1, then all on batch 2, ...), so a
     background load on the machine falls on all of them alike and the ratios stay fair.
@@ -164,6 +180,8 @@ def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
     block = cfg.block_size or lm.trained_block_size or 4
     ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]
     runs: list[Run] = []
+    if status is not None:
+        status.update(interrupted=False, finished={}, total=len(ids))
     for bs in cfg.batch_sizes:
         batches = [ids[i:i + bs] for i in range(0, len(ids), bs)]
         plan = [(m, t) for m, t in _plan(cfg) if not (m == "lookup" and bs > 1)]  # assisted decoding: batch 1 only
@@ -176,36 +194,55 @@ def run_bench(lm, cfg: BenchConfig, progress=None) -> list[Run]:
         for method, tau in plan:
             call(method, tau, batches[0][:1])  # warm-up
         outputs = {key: [] for key in plan}
-        forwards = {key: 0 for key in plan}
+        forwards = {key: [] for key in plan}
         wall = {key: 0.0 for key in plan}
         width = {key: [0, 0] for key in plan}  # positions fed, passes
-        for batch in batches:
-            for key in plan:
-                t0 = time.perf_counter()
-                outs, n, positions, passes = call(*key, batch)
-                wall[key] += time.perf_counter() - t0
-                outputs[key] += outs
-                forwards[key] += n
-                if positions is not None:
-                    width[key][0] += positions
-                    width[key][1] += passes
-                if progress:
-                    progress(*key, bs)
+        interrupted = False
+        try:
+            for batch in batches:
+                done = {}
+                for key in plan:
+                    t0 = time.perf_counter()
+                    done[key] = call(*key, batch), time.perf_counter() - t0
+                    if progress:
+                        progress(*key, bs)
+                # counted only once every method has run this batch, so an interrupted run stays side by side
+                for key, ((outs, rows, positions, passes), seconds) in done.items():
+                    wall[key] += seconds
+                    outputs[key] += outs
+                    forwards[key] += rows
+                    if positions is not None:
+                        width[key][0] += positions
+                        width[key][1] += passes
+        except KeyboardInterrupt:
+            interrupted = True
+        if status is not None:
+            status["finished"][bs] = len(outputs[("ar", None)])
+            status["interrupted"] = interrupted
+        if not outputs[("ar", None)]:
+            if interrupted and not runs:
+                raise KeyboardInterrupt  # nothing finished at all
+            break
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         ar = outputs[("ar", None)]
+        n_done = len(ar)
         for key in plan:
             method, tau = key
             outs = outputs[key]
             new = sum(len(o) for o in outs)
+            fwd = sum(forwards[key])
             nll = [mean_nll(lm, p, o) for p, o in zip(ids, outs) if o]
             runs.append(Run(
-                method, tau, bs, len(outs), new, forwards[key], new / max(1, forwards[key]), wall[key],
+                method, tau, bs, len(outs), new, fwd, new / max(1, fwd), wall[key],
                 new / wall[key], speedup_vs_ar=wall[("ar", None)] / wall[key],
-                exact_match_with_ar=sum(a == b for a, b in zip(ar, outs)) / len(outs),
-                prefix_match_with_ar=sum(prefix_match(a, b) for a, b in zip(ar, outs)) / len(outs),
+                exact_match_with_ar=sum(a == b for a, b in zip(ar, outs)) / n_done,
+                prefix_match_with_ar=sum(prefix_match(a, b) for a, b in zip(ar, outs)) / n_done,
                 mean_nll_under_ar=sum(nll) / max(1, len(nll)), peak_rss_mb=rss, outputs=outs,
                 input_per_pass=width[key][0] / width[key][1] if width[key][1] else None,
+                row_forwards=forwards[key], interrupted=interrupted,
             ))
+        if interrupted:
+            break
     return runs
 
 
@@ -224,7 +261,40 @@ def format_table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
-def to_json(lm, cfg: BenchConfig, runs: list[Run]) -> dict:
+def compare_rows(runs: list[Run], a: tuple[str, float | None], b: tuple[str, float | None],
+                 kinds: list[str | None] | None = None, batch_size: int = 1) -> list[dict]:
+    """Where method a wins and loses against method b, prompt by prompt (tokens per forward of each row).
+
+    Returns one row per prompt kind (kind None: all prompts together when no kinds are known):
+    {kind, prompts, a_wins, b_wins, ties, a_tok_per_fwd, b_tok_per_fwd} with the kind's mean tokens/forward.
+    """
+    pick = {(r.method, r.tau): r for r in runs if r.batch_size == batch_size}
+    if a not in pick or b not in pick:
+        return []
+    ra, rb = pick[a].row_tokens_per_forward, pick[b].row_tokens_per_forward
+    kinds = list(kinds or [])[: len(ra)] + [None] * max(0, len(ra) - len(kinds or []))
+    rows = []
+    for kind in sorted(set(kinds), key=lambda k: (k is None, k or "")):
+        idx = [i for i, k in enumerate(kinds) if k == kind]
+        xa, xb = [ra[i] for i in idx], [rb[i] for i in idx]
+        rows.append({"kind": kind, "prompts": len(idx),
+                     "a_wins": sum(x > y + 1e-9 for x, y in zip(xa, xb)),
+                     "b_wins": sum(y > x + 1e-9 for x, y in zip(xa, xb)),
+                     "ties": sum(abs(x - y) <= 1e-9 for x, y in zip(xa, xb)),
+                     "a_tok_per_fwd": sum(xa) / len(xa), "b_tok_per_fwd": sum(xb) / len(xb)})
+    return rows
+
+
+def format_compare(rows: list[dict], a: str, b: str) -> str:
+    head = f"{'kind':<14}{'prompts':>8}{a + ' wins':>14}{b + ' wins':>14}{'ties':>6}{a:>12}{b:>12}"
+    lines = [f"tokens per forward, prompt by prompt ({a} against {b}):", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['kind'] or 'all':<14}{r['prompts']:>8}{r['a_wins']:>14}{r['b_wins']:>14}{r['ties']:>6}"
+                     f"{r['a_tok_per_fwd']:>12.2f}{r['b_tok_per_fwd']:>12.2f}")
+    return "\n".join(lines)
+
+
+def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | None = None) -> dict:
     import torch
 
     return {
@@ -235,5 +305,8 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run]) -> dict:
                     "torch": torch.__version__},
         "max_new_tokens": cfg.max_new_tokens,
         "backend": cfg.backend,
-        "runs": [{k: v for k, v in asdict(r).items() if k != "outputs"} for r in runs],
+        "interrupted": any(r.interrupted for r in runs),
+        "kinds": list(kinds) if kinds else None,
+        "runs": [{**{k: v for k, v in asdict(r).items() if k != "outputs"},
+                  "row_new_tokens": [len(o) for o in r.outputs]} for r in runs],
     }

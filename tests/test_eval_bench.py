@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from mars.bench import BenchConfig, format_table, read_prompts, run_bench
@@ -79,13 +80,56 @@ def test_bench_runs_all_methods_side_by_side(tiny_lm, tmp_path):
     assert "mars" in format_table(runs)
 
 
+def test_bench_interrupted_keeps_whole_batches(tiny_lm):
+    """Ctrl-C mid-run: the batches every method finished are counted, side by side, and the status says so."""
+    cfg = BenchConfig(["tell me a word", "add 2 + 3", "name a colour"], methods=("ar", "mars"), taus=(0.5,),
+                      batch_sizes=(1, 2), max_new_tokens=6)
+    calls = []
+
+    def progress(method, tau, bs):  # plan per batch: ar, mars@0.5; interrupt in the 2nd batch's mars run
+        calls.append((method, tau, bs))
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+
+    status = {}
+    runs = run_bench(tiny_lm, cfg, progress=progress, status=status)
+    assert status == {"interrupted": True, "finished": {1: 1}, "total": 3}
+    assert [(r.method, r.batch_size, r.prompts) for r in runs] == [("ar", 1, 1), ("mars", 1, 1)]
+    assert all(r.interrupted and len(r.row_forwards) == 1 for r in runs)
+    with pytest.raises(KeyboardInterrupt):  # nothing finished: nothing to report
+        run_bench(tiny_lm, cfg, progress=lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+
+def test_compare_rows_counts_wins_per_kind():
+    from mars.bench import Run, compare_rows, format_compare
+
+    def run(method, tau, tpf):  # one token per forward scaled: rows of 12 tokens
+        outs = [[0] * 12 for _ in tpf]
+        return Run(method, tau, 1, len(tpf), 12 * len(tpf), 0, 1.0, 1.0, 1.0, outputs=outs,
+                   row_forwards=[round(12 / x) for x in tpf])
+
+    runs = [run("mars", 0.9, [1.5, 1.0, 1.2, 2.0]), run("lookup", None, [1.0, 1.0, 2.0, 3.0])]
+    rows = compare_rows(runs, ("mars", 0.9), ("lookup", None), ["facts", "facts", "rewrite", "rewrite"])
+    assert [(r["kind"], r["a_wins"], r["b_wins"], r["ties"]) for r in rows] == [("facts", 1, 0, 1), ("rewrite", 0, 2, 0)]
+    assert rows[0]["a_tok_per_fwd"] == pytest.approx(1.25) and rows[1]["b_tok_per_fwd"] == pytest.approx(2.5)
+    assert compare_rows(runs, ("mars", 0.9), ("lookup", None))[0]["prompts"] == 4  # no kinds: one row
+    assert compare_rows(runs, ("mars", 0.5), ("lookup", None)) == []
+    assert "rewrite" in format_compare(rows, "mars", "lookup")
+
+
+def test_read_prompts_with_kinds(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a", "kind": "facts"}\nplain line\n')
+    assert read_prompts(f, with_kinds=True) == (["a", "plain line"], ["facts", None])
+
+
 def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("tell me a word\nadd 2 + 3\n")
     out = tmp_path / "b.json"
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, "-m", "mars", "bench", "--prompts", str(f), "--model", str(tiny_dir),
-                        "--methods", "hf,ar,mars", "--taus", "0.5", "--max-new-tokens", "8", "--out", str(out),
+                        "--methods", "hf,ar,mars,lookup", "--taus", "0.5", "--max-new-tokens", "8", "--out", str(out),
                         "--backend", "hf"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -95,6 +139,8 @@ def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
             "tokens_per_s", "speedup_vs_ar", "exact_match_with_ar", "prefix_match_with_ar", "mean_nll_under_ar",
             "peak_rss_mb"}
     assert all(need <= set(run) for run in data["runs"])
+    assert all(len(run["row_forwards"]) == len(run["row_new_tokens"]) == 2 for run in data["runs"])
+    assert "lookup wins" in r.stdout  # where prompt lookup wins and loses against MARS
 
 
 def test_report_plots_are_written(tmp_path):
