@@ -61,17 +61,52 @@ def bench_html(data: dict, path: str | Path) -> Path:
     return Path(path)
 
 
-def loss_png(log_path: str | Path, path: str | Path, title: str = "") -> Path:
-    """Noisy and clean loss against training minutes, from a trainer's log.jsonl."""
+def loss_png(log_path, path: str | Path, title: str = "") -> Path:
+    """Noisy and clean loss against training minutes, from a trainer's log.jsonl, or from several (a list,
+    oldest first: a checkpoint trained in pieces), chained end to end with a dotted line where a piece starts."""
     plt = _plt()
-    rows = [json.loads(x) for x in Path(log_path).read_text().splitlines() if x.strip()]
-    minutes = [r["seconds"] / 60 for r in rows]
+    logs = [log_path] if isinstance(log_path, (str, Path)) else list(log_path)
+    minutes, noisy, clean, starts, offset = [], [], [], [], 0.0
+    for log in logs:
+        rows = [json.loads(x) for x in Path(log).read_text().splitlines() if x.strip()]
+        starts.append(offset)
+        minutes += [offset + r["seconds"] / 60 for r in rows]
+        noisy += [r["noisy"] for r in rows]
+        clean += [r["clean"] for r in rows]
+        offset = minutes[-1] if minutes else offset
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    ax.plot(minutes, [r["noisy"] for r in rows], label="noisy (mask) loss")
-    ax.plot(minutes, [r["clean"] for r in rows], label="clean (SFT) loss")
-    ax.set(xlabel="training minutes", ylabel="cross-entropy", title=title or "MARS training")
+    ax.plot(minutes, noisy, label="noisy (mask) loss")
+    ax.plot(minutes, clean, label="clean (SFT) loss")
+    for x in starts[1:]:
+        ax.axvline(x, color="grey", ls=":", lw=1)
+    ax.set(xlabel="training minutes" + (" (dotted: a new piece)" if len(logs) > 1 else ""), ylabel="cross-entropy",
+           title=title or "MARS training")
     ax.grid(alpha=0.3)
     ax.legend()
+    return _save(plt, fig, path)
+
+
+def curve_png(points: list[dict], path: str | Path) -> Path:
+    """Acceptance against training CPU-hours: teacher-forced estimated tokens per pass and draft accuracy
+    per distance, plus real tokens per forward at each tau where measured.
+
+    points: [{"cpu_hours", "est_tokens_per_pass", "accuracy_by_distance": {"2": ..}, "tokens_per_forward": {"0.9": ..}}]
+    """
+    plt = _plt()
+    pts = sorted(points, key=lambda p: p["cpu_hours"])
+    x = [p["cpu_hours"] for p in pts]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    axes[0].plot(x, [p["est_tokens_per_pass"] for p in pts], "o-", label="teacher-forced estimate")
+    for tau in sorted({t for p in pts for t in p.get("tokens_per_forward", {})}, reverse=True):
+        xs = [(p["cpu_hours"], p["tokens_per_forward"][tau]) for p in pts if tau in p.get("tokens_per_forward", {})]
+        axes[0].plot([a for a, _ in xs], [b for _, b in xs], "s--", label=f"decoding, tau {tau}")
+    axes[0].set(xlabel="training CPU-hours", ylabel="tokens per forward", title="acceptance against training time")
+    for d in sorted({d for p in pts for d in p["accuracy_by_distance"]}, key=int):
+        axes[1].plot(x, [p["accuracy_by_distance"].get(d) for p in pts], "o-", label=f"distance {d}")
+    axes[1].set(xlabel="training CPU-hours", ylabel="draft accuracy (teacher-forced)", title="mask accuracy")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     return _save(plt, fig, path)
 
 

@@ -219,8 +219,11 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path):
         "sequences": state["sequences"],
         "train_seconds": round(state["seconds"], 1),
         "processes": state.get("processes", 1),
+        "data": str(cfg.data),
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")},
     }
+    if cfg.adapter:
+        meta = with_history(meta, _read_meta(Path(cfg.adapter)))
     if cfg.method == "lora":
         model.save_pretrained(out, safe_serialization=True)
     else:
@@ -228,3 +231,33 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path):
         tok.save_pretrained(out / "model")
         (out / "model" / MARS_META).write_text(json.dumps(meta, indent=2))
     (out / MARS_META).write_text(json.dumps(meta, indent=2))
+
+
+def _read_meta(folder: Path) -> dict | None:
+    from mars.loading import MARS_META
+
+    try:
+        return json.loads((folder / MARS_META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def with_history(meta: dict, parent: dict | None) -> dict:
+    """A continued run's metadata with its ancestry: `history` lists every earlier piece (oldest first) and
+    `total` sums steps, sequences, seconds and CPU-seconds over all pieces, this one included.
+
+    Why: a checkpoint trained "in resumable pieces across working days" must say what it cost in all.
+    """
+    def piece(m: dict) -> dict:
+        rec = m.get("recipe", {})
+        procs = m.get("processes", 1)
+        return {"steps": m["steps"], "sequences": m["sequences"], "train_seconds": m["train_seconds"],
+                "cpu_seconds": round(m["train_seconds"] * procs * max(1, rec.get("threads") or 1), 1),
+                "processes": procs, "lr": rec.get("lr"), "data": m.get("data")}
+
+    history = []
+    if parent is not None:
+        history = list(parent.get("history", [])) + [piece(parent)]
+    pieces = history + [piece(meta)]
+    total = {k: round(sum(x[k] for x in pieces), 1) for k in ("steps", "sequences", "train_seconds", "cpu_seconds")}
+    return {**meta, "history": history, "total": total}

@@ -34,29 +34,42 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
 
 
 def main() -> int:
-    from mars.plots import calibration_png, loss_png, pareto_png
+    from mars.plots import calibration_png, curve_png, loss_png, pareto_png
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", required=True)
     ap.add_argument("--eval", required=True, help="python -m mars eval --out JSON for this adapter")
     ap.add_argument("--bare-eval", default=None, help="the same eval for --adapter none (controls)")
     ap.add_argument("--comparison", default=None, help="markdown file with the recipe comparison table")
+    ap.add_argument("--earlier", nargs="*", default=[],
+                    help="run folders of the earlier pieces this run continued, oldest first (for the loss curve)")
+    ap.add_argument("--curve", default=None,
+                    help="JSON list of points {name, cpu_hours, est_tokens_per_pass, accuracy_by_distance, "
+                         "tokens_per_forward: {tau: value}} (acceptance against training CPU-hours)")
+    ap.add_argument("--dest", default=str(DEST), help="where the adapter goes (default assets/mars-adapter)")
+    ap.add_argument("--extra", default=None, help="markdown appended before the limits (speed, notes)")
+    ap.add_argument("--limits", default=None, help="markdown list of this checkpoint's own limits")
     args = ap.parse_args()
+    dest = Path(args.dest)
     run = Path(args.run)
     weights = run / "adapter_model.safetensors"
     size_mb = weights.stat().st_size / 1e6
     if size_mb > MAX_MB:
         raise SystemExit(f"{weights} is {size_mb:.1f} MB, over the {MAX_MB} MB limit")
-    DEST.mkdir(parents=True, exist_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
     for name in ("adapter_model.safetensors", "adapter_config.json", "mars.json"):
-        shutil.copy(run / name, DEST / name)
+        shutil.copy(run / name, dest / name)
     meta = json.loads((run / "mars.json").read_text())
     ev = json.loads(Path(args.eval).read_text())
     bare = json.loads(Path(args.bare_eval).read_text()) if args.bare_eval else None
-    loss_png(run / "log.jsonl", DEST / "loss.png", title=f"MARS LoRA on SmolLM2-135M-Instruct, B={meta['block_size']}")
-    calibration_png(ev, DEST / "calibration.png")
-    pareto_png({"MARS adapter": ev, **({"bare model": bare} if bare else {})}, DEST / "pareto.png")
+    logs = [Path(d) / "log.jsonl" for d in args.earlier] + [run / "log.jsonl"]
+    loss_png(logs, dest / "loss.png", title=f"MARS LoRA on SmolLM2-135M-Instruct, B={meta['block_size']}")
+    calibration_png(ev, dest / "calibration.png")
+    pareto_png({"MARS adapter": ev, **({"bare model": bare} if bare else {})}, dest / "pareto.png")
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if x.strip()]
+    total = meta.get("total") or {"steps": meta["steps"], "sequences": meta["sequences"],
+                                  "train_seconds": meta["train_seconds"], "cpu_seconds": meta["train_seconds"]}
+    pieces = len(meta.get("history", [])) + 1
     da = ev["draft_accuracy"]
     dec_cols = [("tau", "tau", "%.2f"), ("tokens_per_forward", "tokens/forward", "%.3f"),
                 ("exact_match_with_tau1", "exact = tau 1", "%.2f"), ("prefix_match_with_tau1", "prefix = tau 1", "%.2f"),
@@ -79,8 +92,9 @@ SmolLM2-135M-Instruct to fill B-1 = {meta['block_size'] - 1} appended mask posit
   AdamW lr {rec.get('lr')} ({rec.get('schedule')}), batch {rec.get('batch_size')} x accumulation {rec.get('grad_accum')},
   max length {rec.get('max_length')}, noisy copies of prompt blocks dropped: {rec.get('drop_prompt_noisy')},
   last in-block slot skipped: {rec.get('skip_last_slot')}
-- Steps: {meta['steps']} optimizer steps, {meta['sequences']} sequences, {meta['train_seconds'] / 60:.0f} minutes on
-  a shared 2-core CPU
+- Steps: {total['steps']} optimizer steps, {total['sequences']} sequences, {total['train_seconds'] / 60:.0f} minutes
+  ({total['cpu_seconds'] / 3600:.2f} CPU-hours, one core per process) on a shared 2-core CPU, in {pieces} resumable
+  piece(s), each continuing the previous adapter: {', '.join(f"{h['steps']} steps at lr {h['lr']}" for h in meta.get('history', []) + [{'steps': meta['steps'], 'lr': rec.get('lr')}])}
 - Final losses (mean of the last 5 logged steps): noisy {sum(r['noisy'] for r in log[-5:]) / min(5, len(log)):.2f},
   clean {sum(r['clean'] for r in log[-5:]) / min(5, len(log)):.2f}
 
@@ -98,21 +112,37 @@ Real decoding, batch 1, tau rule (B = {ev['block_size']}):
 """
     if bare:
         card += "\nControls, the bare model:\n\n" + table(bare.get("decoding", []), dec_cols)
+    if args.curve:
+        points = json.loads(Path(args.curve).read_text())
+        curve_png(points, dest / "curve.png")
+        taus = sorted({t for p in points for t in p.get("tokens_per_forward", {})}, reverse=True)
+        rows = [{"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],
+                 **{f"d{d}": a for d, a in p["accuracy_by_distance"].items()},
+                 **{f"t{t}": p.get("tokens_per_forward", {}).get(t) for t in taus}} for p in points]
+        dists = sorted({d for p in points for d in p["accuracy_by_distance"]}, key=int)
+        card += ("\n## Acceptance against training time\n\nTeacher-forced on held-out examples (draft accuracy per "
+                 "distance, estimated tokens per pass), and real decoding where measured:\n\n"
+                 + table(rows, [("name", "checkpoint", ""), ("h", "CPU-hours", "%.2f"), ("est", "est. tokens/pass", "%.3f")]
+                         + [(f"d{d}", f"acc d{d}", "%.3f") for d in dists]
+                         + [(f"t{t}", f"tokens/fwd tau {t}", "%.3f") for t in taus])
+                 + "\n![acceptance against CPU-hours](curve.png)\n")
     if args.comparison:
         card += "\n## Recipe comparison\n\n" + Path(args.comparison).read_text()
+    if args.extra:
+        card += "\n" + Path(args.extra).read_text()
     card += """
 ![tokens per forward against quality](pareto.png) ![draft calibration](calibration.png)
 
 ## Honest limits
-
+""" + (Path(args.limits).read_text() if args.limits else "") + """
 - Briefly trained on a CPU: the mask predictions are often right but rarely confident, so the tau rule
   lets few of them through. The verified mode (`--mode verified`) accepts every draft that matches the
   AR output and keeps the text exactly AR greedy.
 - The adapter also shifts the model's own tau = 1.0 (AR) output a little away from the bare model's
   (see the NLL columns): it was trained on the bare model's outputs with an SFT term, not distilled.
 """
-    (DEST / "README.md").write_text(card)
-    print(f"shipped {size_mb:.1f} MB to {DEST}")
+    (dest / "README.md").write_text(card)
+    print(f"shipped {size_mb:.1f} MB to {dest}")
     return 0
 
 

@@ -108,6 +108,27 @@ def test_train_resume_and_load_back(tiny_dir, tmp_path):
     cfg = DecodeConfig(mode="ar", max_new_tokens=8)
     assert generate_ids(lm, [ids], cfg)[0].token_ids != generate_ids(bare, [ids], cfg)[0].token_ids
 
+    # continuing the adapter (training in pieces): the new piece's metadata carries its ancestry and totals
+    cont = run_cli(*train_args(tiny_dir, data, tmp_path / "c", 2, "--adapter", str(tmp_path / "a")))
+    assert cont.returncode == 0, cont.stderr
+    meta_c = json.loads((tmp_path / "c" / "mars.json").read_text())
+    assert [h["steps"] for h in meta_c["history"]] == [6] and meta_c["steps"] == 2
+    assert meta_c["total"]["steps"] == 8 and meta_c["total"]["sequences"] == meta["sequences"] + meta_c["sequences"]
+    assert meta_c["total"]["train_seconds"] == pytest.approx(meta["train_seconds"] + meta_c["train_seconds"], abs=0.2)
+
+
+def test_history_chains_pieces():
+    from mars.train import with_history
+
+    def m(steps, secs, procs=1, **extra):
+        return {"steps": steps, "sequences": 8 * steps, "train_seconds": secs, "processes": procs,
+                "recipe": {"lr": 2e-4, "threads": 1}, **extra}
+
+    b = with_history(m(10, 100.0), m(5, 60.0))
+    c = with_history(m(20, 300.0, procs=2), b)
+    assert [h["steps"] for h in c["history"]] == [5, 10]
+    assert c["total"] == {"steps": 35, "sequences": 280, "train_seconds": 460.0, "cpu_seconds": 760.0}
+
 
 def test_train_full_finetune_writes_a_loadable_model(tiny_dir, tmp_path):
     data = _data(tmp_path / "d.jsonl")

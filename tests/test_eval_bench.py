@@ -144,7 +144,7 @@ def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
 
 
 def test_report_plots_are_written(tmp_path):
-    from mars.plots import bench_png, calibration_png, loss_png, pareto_png
+    from mars.plots import bench_png, calibration_png, curve_png, loss_png, pareto_png
 
     data = {"model": "m", "adapter": None, "runs": [
         {"method": "mars", "tau": t, "batch_size": bs, "tokens_per_forward": 1 + (1 - t), "speedup_vs_ar": 1 + (1 - t) / 2}
@@ -156,6 +156,10 @@ def test_report_plots_are_written(tmp_path):
                            {"tau": 0.5, "tokens_per_forward": 1.4, "mean_nll_under_ar": 0.7}],
               "draft_accuracy": {"calibration": [{"confidence": 0.2, "accuracy": 0.1, "count": 5},
                                                  {"confidence": 0.9, "accuracy": 0.8, "count": 2}]}}
+    points = [{"cpu_hours": h, "est_tokens_per_pass": 1 + h / 10, "accuracy_by_distance": {"2": h / 10, "3": h / 20},
+               "tokens_per_forward": {"0.9": 1 + h / 50} if h > 1 else {}} for h in (0.5, 1.5, 3.0)]
+    for p in (curve_png(points, tmp_path / "c.png"), loss_png([log, log], tmp_path / "l2.png")):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     for p in (bench_png(data, tmp_path / "b.png"), loss_png(log, tmp_path / "l.png"),
               pareto_png({"x": report}, tmp_path / "p.png"), calibration_png(report, tmp_path / "c.png")):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000

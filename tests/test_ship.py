@@ -1,0 +1,53 @@
+"""scripts/ship_adapter.py: the model card is written from the numbers on disk, totals summed over pieces."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from mars.train import with_history
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(folder: Path, steps: int, secs: float, parent: dict | None = None) -> dict:
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(b"\0" * 1000)
+    (folder / "adapter_config.json").write_text("{}")
+    meta = {"base_model": "smollm2", "block_size": 4, "mask_token": "<filename>", "method": "lora", "steps": steps,
+            "sequences": 8 * steps, "train_seconds": secs, "processes": 1,
+            "recipe": {"lr": 2e-4, "threads": 1, "lora_r": 16, "lora_alpha": 32, "lora_targets": ["q_proj"]}}
+    meta = with_history(meta, parent) if parent else meta
+    (folder / "mars.json").write_text(json.dumps(meta))
+    (folder / "log.jsonl").write_text("".join(json.dumps({"seconds": 60.0 * i, "noisy": 5 - i / 10, "clean": 0.5})
+                                              + "\n" for i in range(1, 6)))
+    return meta
+
+
+def test_ship_writes_card_with_totals_curve_and_refuses_big_weights(tmp_path):
+    first = _run(tmp_path / "v0", 100, 3600.0)
+    _run(tmp_path / "v1", 50, 1800.0, parent=first)
+    ev = {"examples": 3, "block_size": 4,
+          "draft_accuracy": {"accuracy_by_distance": {"2": 0.3, "3": 0.2}, "est_tokens_per_pass": 1.4,
+                             "calibration": [{"confidence": 0.5, "accuracy": 0.4, "count": 3}]},
+          "decoding": [{"tau": 1.0, "tokens_per_forward": 1.0, "mean_nll_under_ar": 0.4},
+                       {"tau": 0.9, "tokens_per_forward": 1.123, "mean_nll_under_ar": 0.5}]}
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    curve = [{"name": "v0", "cpu_hours": 1.0, "est_tokens_per_pass": 1.3, "accuracy_by_distance": {"2": 0.28}},
+             {"name": "v1", "cpu_hours": 1.5, "est_tokens_per_pass": 1.4, "accuracy_by_distance": {"2": 0.3},
+              "tokens_per_forward": {"0.9": 1.123}}]
+    (tmp_path / "curve.json").write_text(json.dumps(curve))
+    (tmp_path / "limits.md").write_text("- a stated limit\n")
+    dest = tmp_path / "out"
+    cmd = [sys.executable, "scripts/ship_adapter.py", "--run", str(tmp_path / "v1"), "--eval", str(tmp_path / "eval.json"),
+           "--earlier", str(tmp_path / "v0"), "--curve", str(tmp_path / "curve.json"), "--limits",
+           str(tmp_path / "limits.md"), "--dest", str(dest)]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    card = (dest / "README.md").read_text()
+    assert "150 optimizer steps" in card and "1.50 CPU-hours" in card and "2 resumable" in card
+    assert "1.123" in card and "a stated limit" in card
+    assert all((dest / f).stat().st_size > 5000 for f in ("loss.png", "curve.png", "pareto.png", "calibration.png"))
+    (tmp_path / "v1" / "adapter_model.safetensors").write_bytes(b"\0" * 26_000_000)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "25 MB" in r.stderr
