@@ -91,6 +91,14 @@ def read_prompts(path: str | Path, with_kinds: bool = False):
     return (out, kinds) if with_kinds else out
 
 
+def spread_indices(n: int, k: int | None) -> list[int]:
+    """k indices evenly spaced through range(n) (all of them when k is None or >= n): a sample that keeps
+    every kind of a file sorted by kind."""
+    if k is None or k >= n:
+        return list(range(n))
+    return [i * n // k for i in range(k)]
+
+
 def _strip(ids: list[int], eos: set[int], pad: int) -> list[int]:
     """transformers pads finished rows; keep ids up to and including the first EOS."""
     out = []

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cache-block", type=int, default=32)
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--limit", type=int, default=None)
+    b.add_argument("--spread", action="store_true",
+                   help="with --limit: take prompts evenly spaced through the file (every kind), not the first ones")
     b.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     b.add_argument("--backend", default="auto", choices=["auto", "fast", "hf", "fast-bf16"],
                    help="what runs the model for the core's methods (ar, mars, verified, jacobi)")
@@ -142,13 +144,14 @@ def cmd_bench(args) -> int:
     from tqdm.auto import tqdm
 
     from mars.bench import (BenchConfig, compare_rows, format_compare, format_table, read_prompts, run_bench,
-                            to_json)
+                            spread_indices, to_json)
     from mars.loading import load
 
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts, kinds = read_prompts(args.prompts, with_kinds=True)
-    prompts, kinds = prompts[: args.limit], kinds[: args.limit]
+    keep = spread_indices(len(prompts), args.limit) if args.spread else list(range(len(prompts)))[: args.limit]
+    prompts, kinds = [prompts[i] for i in keep], [kinds[i] for i in keep]
     cfg = BenchConfig(prompts=prompts, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                       taus=tuple(args.taus), batch_sizes=tuple(args.batch_sizes), block_size=args.block_size,
                       cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend)

@@ -11,7 +11,7 @@ reported. `fast:<layout>` runs the fast path with one matrix layout (mars.fastpa
 (the model's own matrices, MKL), `packed` (oneDNN-packed copies), `auto` (linear for <= 2 rows, else packed).
 
     python scripts/pass_cost.py --threads 1
-    python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 --rounds 20
+    python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
 """
 
 from __future__ import annotations
@@ -30,10 +30,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mars.backends import FastBackend, HFBackend  # noqa: E402
 
 
+class Floor:
+    """Only the pass's matrix products, each on the model's own float32 matrix (`F.linear`, the fastest
+    kernel for few rows here), LM head included: the time to stream the weights once, the floor under any
+    exact float32 pass of this width. The gap between a backend and this row is its overhead."""
+
+    def __init__(self, model):
+        self.mods = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+    def forward(self, ids, pos, allowed, keep):
+        W = ids.shape[1]
+        xs = {}
+        with torch.inference_mode():
+            for m in self.mods:
+                k = m.in_features
+                x = xs.setdefault(k, torch.randn(W, k))
+                torch.nn.functional.linear(x, m.weight)
+
+    def truncate(self, n):
+        pass
+
+
 def make(model, name: str, capacity: int):
-    """'hf', 'fast', 'fast-bf16', or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
+    """'hf', 'floor', 'fast', 'fast-bf16', or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
     if name == "hf":
         return HFBackend(model)
+    if name == "floor":
+        return Floor(model)
     base, _, layout = name.partition(":")
     dtype = torch.bfloat16 if base == "fast-bf16" else None
     return FastBackend(model, 1, capacity, dtype, layout or "auto")

@@ -117,6 +117,14 @@ def test_compare_rows_counts_wins_per_kind():
     assert "rewrite" in format_compare(rows, "mars", "lookup")
 
 
+def test_spread_indices():
+    from mars.bench import spread_indices
+
+    assert spread_indices(150, 10) == list(range(0, 150, 15))  # one per kind of a 10-kind file
+    assert spread_indices(3, 5) == [0, 1, 2] and spread_indices(4, None) == [0, 1, 2, 3]
+    assert spread_indices(7, 3) == [0, 2, 4]
+
+
 def test_read_prompts_with_kinds(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "a", "kind": "facts"}\nplain line\n')
