@@ -31,21 +31,25 @@ from mars.backends import FastBackend, HFBackend  # noqa: E402
 
 
 class Floor:
-    """Only the pass's matrix products, each on the model's own float32 matrix (`F.linear`, the fastest
-    kernel for few rows here), LM head included: the time to stream the weights once, the floor under any
-    exact float32 pass of this width. The gap between a backend and this row is its overhead."""
+    """Only the pass's matrix products, run by the fast path's own kernels (the model's matrices for 1-2 rows,
+    the packed fused copies for more), LM head included: the time to stream the weights once, the floor
+    under any exact float32 pass of this width. The gap between `fast` and this row is its overhead."""
 
     def __init__(self, model):
-        self.mods = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        from mars.fastpath import FastLM
+
+        fast = FastLM(model)
+        self.mats = [m for layer in fast.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        self.mats.append(fast.head)
+        self.hidden = model.config.hidden_size
+        self.inter = model.config.intermediate_size
 
     def forward(self, ids, pos, allowed, keep):
         W = ids.shape[1]
-        xs = {}
+        h, i = torch.randn(1, W, self.hidden), torch.randn(1, W, self.inter)
         with torch.inference_mode():
-            for m in self.mods:
-                k = m.in_features
-                x = xs.setdefault(k, torch.randn(W, k))
-                torch.nn.functional.linear(x, m.weight)
+            for k, mat in enumerate(self.mats):
+                mat(i if k % 4 == 3 and k < len(self.mats) - 1 else h)  # down_proj reads the MLP width
 
     def truncate(self, n):
         pass
