@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mars.train import with_history
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,3 +53,23 @@ def test_ship_writes_card_with_totals_curve_and_refuses_big_weights(tmp_path):
     (tmp_path / "v1" / "adapter_model.safetensors").write_bytes(b"\0" * 26_000_000)
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "25 MB" in r.stderr
+
+
+def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from curve import build
+
+    def tf(name, n, est):
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps({"examples": n, "draft_accuracy": {"est_tokens_per_pass": est,
+                                                                   "accuracy_by_distance": {"2": est - 1}}}))
+        return str(p)
+
+    dec = tmp_path / "dec.json"
+    dec.write_text(json.dumps({"decoding": [{"tau": 1.0, "tokens_per_forward": 1.0},
+                                            {"tau": 0.9, "tokens_per_forward": 1.05}]}))
+    rows = build([("b", tf("b", 100, 1.4), 2.0), ("a", tf("a", 100, 1.3), 1.0)], {"b": str(dec)})
+    assert [r["name"] for r in rows] == ["a", "b"]  # by CPU-hours
+    assert rows[1]["tokens_per_forward"] == {"0.9": 1.05} and "tokens_per_forward" not in rows[0]
+    with pytest.raises(SystemExit, match="different numbers"):
+        build([("a", tf("a", 100, 1.3), 1.0), ("c", tf("c", 40, 1.3), 2.0)], {})

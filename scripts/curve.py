@@ -1,0 +1,54 @@
+"""Acceptance against training CPU-hours: gather teacher-forced (and, where measured, decoding) evaluations
+of a checkpoint's successive pieces and snapshots into one JSON list for the model card and its plot.
+
+    python scripts/curve.py --point v0 runs/v0/tf100.json 1.26 --point v2 runs/v2/tf100.json 3.1 \
+        --decoding v2 runs/v2/eval.json --out runs/curve.json
+
+Each --point is NAME TF_JSON CPU_HOURS: TF_JSON is `python -m mars eval --teacher-forced-only --out` for
+that checkpoint (the same --limit for every point, or the points are not comparable); CPU_HOURS is its
+cumulative training time (mars.json `total.cpu_seconds` / 3600). --decoding NAME EVAL_JSON adds the
+real tokens per forward at each tau of a full `python -m mars eval`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def build(points: list[tuple[str, str, float]], decoding: dict[str, str]) -> list[dict]:
+    out, examples = [], set()
+    for name, path, hours in points:
+        rep = json.loads(Path(path).read_text())
+        examples.add(rep.get("examples"))
+        da = rep["draft_accuracy"]
+        row = {"name": name, "cpu_hours": float(hours), "examples": rep.get("examples"),
+               "est_tokens_per_pass": da["est_tokens_per_pass"],
+               "accuracy_by_distance": {str(k): v for k, v in da["accuracy_by_distance"].items()}}
+        if name in decoding:
+            dec = json.loads(Path(decoding[name]).read_text())["decoding"]
+            row["tokens_per_forward"] = {f"{r['tau']:g}": r["tokens_per_forward"] for r in dec if r["tau"] < 1.0}
+        out.append(row)
+    if len(examples) > 1:
+        raise SystemExit(f"points were evaluated on different numbers of examples: {sorted(examples)}")
+    return sorted(out, key=lambda r: r["cpu_hours"])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--point", nargs=3, action="append", metavar=("NAME", "TF_JSON", "CPU_HOURS"), required=True)
+    ap.add_argument("--decoding", nargs=2, action="append", default=[], metavar=("NAME", "EVAL_JSON"))
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    rows = build([(n, p, float(h)) for n, p, h in args.point], dict(args.decoding))
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+    for r in rows:
+        print(f"{r['name']:<12}{r['cpu_hours']:6.2f} h  est {r['est_tokens_per_pass']:.3f}  "
+              + "  ".join(f"d{d} {a:.3f}" for d, a in r["accuracy_by_distance"].items())
+              + "".join(f"  tau {t}: {v:.3f}" for t, v in r.get("tokens_per_forward", {}).items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
