@@ -86,7 +86,11 @@ def known_answer_accuracy(results, answers: list[str]) -> float:
 
 def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max_new: int, batch_size: int = 8,
                   known: tuple[list[list[int]], list[str]] | None = None) -> list[dict]:
-    """Generate at each tau (batched: token-for-token the same as one by one) and score the runs."""
+    """Generate at each tau (batched: token-for-token the same as one by one) and score the runs.
+
+    With a separate `bare` model, also the drift control: each tau's agreement with the bare model's own
+    greedy text (at tau 1.0 that is how far the adapter moved the model's AR behaviour).
+    """
     from mars.decoding import DecodeConfig, generate_ids
     from mars.quality import mean_nll, prefix_match
 
@@ -99,6 +103,13 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
 
     ref = None
     rows = []
+    # drift control: the bare model's own greedy text, against which every tau's text is also compared
+    bare_ref = None
+    if bare is not None and bare is not lm:
+        bare_ref = []
+        ar = DecodeConfig(mode="ar", max_new_tokens=max_new)
+        for i in range(0, len(prompts), batch_size):
+            bare_ref += generate_ids(bare, prompts[i:i + batch_size], ar)
     for tau in sorted(set(taus) | {1.0}, reverse=True):
         res = run(prompts, tau)
         if tau == 1.0:
@@ -118,6 +129,10 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
             "prefix_match_with_tau1": sum(prefix_match(a.token_ids, b.token_ids) for a, b in zip(ref, res)) / len(res),
             "mean_nll_under_ar": sum(nll_self) / max(1, len(nll_self)),
             "mean_nll_under_bare": (sum(nll_bare) / len(nll_bare)) if nll_bare else None,
+            "exact_match_with_bare": None if bare_ref is None else
+            sum(a.token_ids == b.token_ids for a, b in zip(bare_ref, res)) / len(res),
+            "prefix_match_with_bare": None if bare_ref is None else
+            sum(prefix_match(a.token_ids, b.token_ids) for a, b in zip(bare_ref, res)) / len(res),
         }
         if known:
             row["known_answer_accuracy"] = known_answer_accuracy(run(known[0], tau), known[1])

@@ -74,7 +74,7 @@ def main() -> int:
     dec_cols = [("tau", "tau", "%.2f"), ("tokens_per_forward", "tokens/forward", "%.3f"),
                 ("exact_match_with_tau1", "exact = tau 1", "%.2f"), ("prefix_match_with_tau1", "prefix = tau 1", "%.2f"),
                 ("mean_nll_under_ar", "NLL (self, AR)", "%.3f"), ("mean_nll_under_bare", "NLL (bare)", "%.3f"),
-                ("known_answer_accuracy", "known answers", "%.2f")]
+                ("prefix_match_with_bare", "prefix = bare greedy", "%.2f"), ("known_answer_accuracy", "known answers", "%.2f")]
     rec = meta["recipe"]
     card = f"""# MARS adapter for SmolLM2-135M-Instruct
 

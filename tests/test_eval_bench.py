@@ -171,3 +171,45 @@ def test_report_plots_are_written(tmp_path):
     for p in (bench_png(data, tmp_path / "b.png"), loss_png(log, tmp_path / "l.png"),
               pareto_png({"x": report}, tmp_path / "p.png"), calibration_png(report, tmp_path / "c.png")):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+def test_decoding_eval_rows_and_drift_control(tiny_lm):
+    from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.evaluate import decoding_eval
+
+    import tiny
+
+    other = tiny.make_loaded("llama", seed=3)  # a different model on the same tokenizer: the "bare" control
+    prompts = [encode_prompt(tiny_lm.tokenizer, p) for p in ("tell me a word", "add 2 + 3", "name a colour")]
+    ar = generate_ids(tiny_lm, prompts, DecodeConfig(mode="ar", max_new_tokens=8))
+    answers = [tiny_lm.tokenizer.decode(r.token_ids[:2]) for r in ar]  # known answers the model gets at tau 1
+    rows = decoding_eval(tiny_lm, other, prompts, [0.0], 4, 8, known=(prompts, answers))
+    one, zero = rows
+    assert one["tau"] == 1.0 and one["tokens_per_forward"] == 1.0 and one["exact_match_with_tau1"] == 1.0
+    assert one["histogram"] == {1: one["tokens"]} and one["known_answer_accuracy"] == 1.0
+    assert zero["tokens_per_forward"] > 1.0 and sum(k * v for k, v in zero["histogram"].items()) == zero["tokens"]
+    bare_ar = generate_ids(other, prompts, DecodeConfig(mode="ar", max_new_tokens=8))
+    want = sum(prefix_match(b.token_ids, a.token_ids) for a, b in zip(ar, bare_ar)) / 3
+    assert one["prefix_match_with_bare"] == pytest.approx(want) and want < 1.0
+    same = decoding_eval(tiny_lm, tiny_lm, prompts, [1.0], 4, 8)  # bare is the model itself: no drift to measure
+    assert same[0]["exact_match_with_bare"] is None
+    assert same[0]["mean_nll_under_ar"] == pytest.approx(same[0]["mean_nll_under_bare"])
+
+
+def test_cli_eval_writes_report(tiny_dir, tmp_path):
+    data = tmp_path / "held.jsonl"
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            for q, a in (("tell me a word", "water is a good word ."), ("add 2 + 3", "2 + 3 = 5 . so it is 5 ."))]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    known = tmp_path / "known.jsonl"
+    known.write_text(json.dumps({"prompt": "add 2 + 3", "answer": "5"}) + "\n")
+    out = tmp_path / "e.json"
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "mars", "eval", "--model", str(tiny_dir), "--adapter", "none",
+                        "--data", str(data), "--taus", "0.9", "0.5", "--max-new-tokens", "6", "--known", str(known),
+                        "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["examples"] == 2 and set(rep["draft_accuracy"]["accuracy_by_distance"]) == {"2", "3", "4"}
+    assert [row["tau"] for row in rep["decoding"]] == [1.0, 0.9, 0.5]
+    assert all("known_answer_accuracy" in row and row["exact_match_with_bare"] is None for row in rep["decoding"])
