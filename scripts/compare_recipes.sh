@@ -12,8 +12,10 @@ DATA=${DATA:-data/selfdistill/train.jsonl.gz}
 OUT=${OUT:-runs/compare}
 mkdir -p "$OUT"
 
+# No warmup: the runs stop on time, long before `--epochs 50` ends, and a warmup ratio of that nominal
+# length would keep the lr near zero for the whole run (a first attempt lost its comparison that way).
 common=(--data "$DATA" --max-minutes "$MINUTES" --epochs 50 --batch-size 2 --grad-accum 4 --max-length 256
-        --save-every 10 --threads "$THREADS" --schedule constant --warmup-ratio 0.02)
+        --save-every 10 --threads "$THREADS" --schedule constant --warmup-ratio 0)
 declare -A recipes=(
   [lora_b4]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 4"
   [lora_b4_skiplast]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 4 --skip-last-slot"
