@@ -35,12 +35,18 @@ def bench_png(data: dict, path: str | Path) -> Path:
         taus = [r["tau"] for r in rs]
         axes[0].plot(taus, [r["tokens_per_forward"] for r in rs], "o-", label=f"batch {bs}")
         axes[1].plot(taus, [r["speedup_vs_ar"] for r in rs], "o-", label=f"batch {bs}")
+    # the tau-free methods (Jacobi, prompt lookup, verified, transformers) as flat reference lines
+    others = [r for r in data["runs"] if r["method"] not in ("mars", "ar") and r["batch_size"] == 1]
+    for k, r in enumerate(others):
+        style = dict(color=f"C{k + 3}", ls=":", lw=1.2, label=f"{r['method']} (batch 1)")
+        axes[0].axhline(r["tokens_per_forward"], **style)
+        axes[1].axhline(r["speedup_vs_ar"], **style)
     axes[0].set(xlabel="tau", ylabel="tokens per forward", title="MARS: tokens per forward pass")
     axes[1].axhline(1.0, color="grey", lw=1, ls="--")
     axes[1].set(xlabel="tau", ylabel="wall-clock speed-up vs AR", title="MARS vs the core's AR mode")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.suptitle(f"{data.get('model')} + {Path(data.get('adapter') or 'no adapter').name}", fontsize=9)
     return _save(plt, fig, path)
 
@@ -56,6 +62,9 @@ def bench_html(data: dict, path: str | Path) -> Path:
         x = [r["tau"] for r in rs]
         fig.add_trace(go.Scatter(x=x, y=[r["tokens_per_forward"] for r in rs], name=f"batch {bs}"), 1, 1)
         fig.add_trace(go.Scatter(x=x, y=[r["speedup_vs_ar"] for r in rs], name=f"batch {bs} speed-up"), 1, 2)
+    for r in (r for r in data["runs"] if r["method"] not in ("mars", "ar") and r["batch_size"] == 1):
+        fig.add_hline(y=r["tokens_per_forward"], line_dash="dot", annotation_text=r["method"], row=1, col=1)
+        fig.add_hline(y=r["speedup_vs_ar"], line_dash="dot", annotation_text=r["method"], row=1, col=2)
     fig.update_xaxes(title_text="tau")
     fig.write_html(str(path), include_plotlyjs="cdn")
     return Path(path)

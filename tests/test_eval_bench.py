@@ -156,7 +156,8 @@ def test_report_plots_are_written(tmp_path):
 
     data = {"model": "m", "adapter": None, "runs": [
         {"method": "mars", "tau": t, "batch_size": bs, "tokens_per_forward": 1 + (1 - t), "speedup_vs_ar": 1 + (1 - t) / 2}
-        for t in (1.0, 0.9, 0.5) for bs in (1, 4)]}
+        for t in (1.0, 0.9, 0.5) for bs in (1, 4)] + [
+        {"method": "jacobi", "tau": None, "batch_size": 1, "tokens_per_forward": 1.02, "speedup_vs_ar": 0.8}]}
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps({"seconds": 60 * i, "noisy": 5 - i / 10, "clean": 1 - i / 100}) + "\n"
                            for i in range(10)))
