@@ -68,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-length", type=int, default=512)
     t.add_argument("--keep-prompt-noisy", action="store_true", help="also feed noisy copies of prompt blocks")
     t.add_argument("--skip-last-slot", action="store_true")
+    t.add_argument("--distill", type=float, default=0.0,
+                   help="weight of a KL term keeping the clean copy close to the bare model (LoRA only)")
     t.add_argument("--save-every", type=int, default=25)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=0)
@@ -227,7 +229,7 @@ def cmd_train(args) -> int:
         lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
         max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
-        skip_last_slot=args.skip_last_slot, save_every=args.save_every, seed=args.seed, threads=args.threads,
+        skip_last_slot=args.skip_last_slot, distill=args.distill, save_every=args.save_every, seed=args.seed, threads=args.threads,
         dtype=args.dtype,
     )
     state = train(cfg)

@@ -69,7 +69,6 @@ class MarsBatch:
     clean_labels: torch.Tensor  # (b, Lc): token t+1 for scored clean positions t, -100 elsewhere
     noisy_labels: torch.Tensor  # (b, Ln): the same for noisy positions
     clean_len: int  # Lc
-    kl_targets: list | None = None  # reserved for a distillation term
 
 
 def build_batch(
@@ -150,6 +149,35 @@ def mars_loss(logits: torch.Tensor, batch: MarsBatch) -> dict[str, torch.Tensor]
     clean = F.cross_entropy(logits[:, :Lc].reshape(-1, V).float(), batch.clean_labels.reshape(-1), ignore_index=-100)
     noisy = F.cross_entropy(logits[:, Lc:].reshape(-1, V).float(), batch.noisy_labels.reshape(-1), ignore_index=-100)
     return {"loss": noisy + clean, "noisy": noisy, "clean": clean}
+
+
+def distill_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per scored position, averaged: keeps the clean copy's next-token
+    distribution, not only its argmax, where the bare model had it (less drift of tau = 1.0 output).
+
+    student, teacher: (b, L, V) logits of the clean copy; labels: (b, L), -100 where unscored.
+    """
+    keep = labels != -100
+    s = F.log_softmax(student[keep].float(), -1)
+    t = F.log_softmax(teacher[keep].float(), -1)
+    if s.numel() == 0:
+        return student.sum() * 0.0
+    return F.kl_div(s, t, log_target=True, reduction="batchmean")
+
+
+def clean_forward(model, batch: MarsBatch) -> torch.Tensor:
+    """Logits of the clean copy alone (b, Lc, V): causal over the clean positions, exactly as in the
+    two-copy pass (the clean copy never sees the noisy one)."""
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    Lc = batch.clean_len
+    out = model(
+        input_ids=batch.input_ids[:, :Lc].to(device),
+        position_ids=batch.position_ids[:, :Lc].to(device),
+        attention_mask=additive_mask(batch.attention_mask[:, :, :Lc, :Lc], dtype).to(device),
+        use_cache=False,
+    )
+    return out.logits
 
 
 def forward_batch(model, batch: MarsBatch) -> torch.Tensor:

@@ -47,6 +47,8 @@ class TrainConfig:
     max_length: int = 512  # clean tokens per sequence (the forward sees up to 2x this)
     drop_prompt_noisy: bool = True  # noisy copies of whole prompt blocks carry no loss: skip them
     skip_last_slot: bool = False  # drop the loss of the last noisy slot per block (inference never uses it)
+    distill: float = 0.0  # weight of KL(bare model || model) on the clean copy (LoRA: the bare model is the
+    #                       base with the adapter switched off, one extra clean forward per micro-batch)
     save_every: int = 25  # optimizer steps between checkpoints
     seed: int = 0
     threads: int = 0  # torch threads per process (0 = default)
@@ -56,6 +58,10 @@ class TrainConfig:
     def __post_init__(self):
         if self.method not in ("lora", "full"):
             raise ValueError(f"method must be 'lora' or 'full', got {self.method!r}")
+        if self.distill < 0:
+            raise ValueError(f"distill must be >= 0, got {self.distill}")
+        if self.distill and self.method != "lora":
+            raise ValueError("--distill needs --method lora: the bare model is the base with the adapter off")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ValueError(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
         for name in ("block_size", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
@@ -85,7 +91,7 @@ def train(cfg: TrainConfig) -> dict:
 
     from mars.data import load_examples
     from mars.loading import load
-    from mars.objective import build_batch, forward_batch, mars_loss
+    from mars.objective import build_batch, clean_forward, distill_loss, forward_batch, mars_loss
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -152,7 +158,7 @@ def train(cfg: TrainConfig) -> dict:
 
     bar = tqdm(total=total, initial=state["step"], disable=not acc.is_local_main_process, desc="mars train")
     t_start = time.time() - state["seconds"]
-    run = {"noisy": 0.0, "clean": 0.0, "n": 0}
+    run = {"noisy": 0.0, "clean": 0.0, "distill": 0.0, "n": 0}
     stop = state["step"] >= total
     while not stop:
         loader.set_epoch(state["epoch"]) if hasattr(loader, "set_epoch") else None
@@ -162,6 +168,11 @@ def train(cfg: TrainConfig) -> dict:
             with acc.accumulate(model):
                 logits = forward_batch(model, batch)
                 losses = mars_loss(logits, batch)
+                if cfg.distill:
+                    with torch.no_grad(), acc.unwrap_model(model).disable_adapter():
+                        teacher = clean_forward(model, batch)
+                    losses["distill"] = distill_loss(logits[:, : batch.clean_len], teacher, batch.clean_labels)
+                    losses["loss"] = losses["loss"] + cfg.distill * losses["distill"]
                 acc.backward(losses["loss"])
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(params, 1.0)
@@ -173,6 +184,7 @@ def train(cfg: TrainConfig) -> dict:
             state["sequences"] += batch.input_ids.shape[0] * acc.num_processes
             run["noisy"] += losses["noisy"].item()
             run["clean"] += losses["clean"].item()
+            run["distill"] += losses["distill"].item() if "distill" in losses else 0.0
             run["n"] += 1
             if not acc.sync_gradients:
                 continue
@@ -182,12 +194,14 @@ def train(cfg: TrainConfig) -> dict:
                 "step": state["step"], "noisy": run["noisy"] / run["n"], "clean": run["clean"] / run["n"],
                 "lr": sched.get_last_lr()[0], "seconds": round(state["seconds"], 1), "sequences": state["sequences"],
             }
-            run = {"noisy": 0.0, "clean": 0.0, "n": 0}
+            if cfg.distill:
+                row["distill"] = run["distill"] / run["n"]
+            run = {"noisy": 0.0, "clean": 0.0, "distill": 0.0, "n": 0}
             if acc.is_main_process:
                 with log_path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
             bar.update(1)
-            bar.set_postfix(noisy=f"{row['noisy']:.3f}", clean=f"{row['clean']:.3f}")
+            bar.set_postfix({k: f"{row[k]:.3f}" for k in ("noisy", "clean", "distill") if k in row})
             out_of_time = cfg.max_minutes is not None and state["seconds"] > 60 * cfg.max_minutes
             if state["step"] >= total or out_of_time:
                 stop = True

@@ -130,6 +130,19 @@ def test_history_chains_pieces():
     assert c["total"] == {"steps": 35, "sequences": 280, "train_seconds": 460.0, "cpu_seconds": 760.0}
 
 
+def test_train_with_distillation_term(tiny_dir, tmp_path):
+    """--distill adds KL(bare || model) on the clean copy: zero while the adapter is still the identity
+    (LoRA's B starts at zero), positive once it has moved; full fine-tuning has no bare model to ask."""
+    data = _data(tmp_path / "d.jsonl")
+    out = run_cli(*train_args(tiny_dir, data, tmp_path / "k", 3, "--distill", "0.5"))
+    assert out.returncode == 0, out.stderr
+    log = [json.loads(x) for x in (tmp_path / "k" / "log.jsonl").read_text().splitlines()]
+    assert log[0]["distill"] < 1e-5 and all(r["distill"] > 1e-5 for r in log[1:])
+    assert json.loads((tmp_path / "k" / "mars.json").read_text())["recipe"]["distill"] == 0.5
+    bad = run_cli(*train_args(tiny_dir, data, tmp_path / "kf", 1, "--distill", "0.5", "--method", "full"))
+    assert bad.returncode == 2 and "--distill needs --method lora" in bad.stderr
+
+
 def test_train_full_finetune_writes_a_loadable_model(tiny_dir, tmp_path):
     data = _data(tmp_path / "d.jsonl")
     out = run_cli(*train_args(tiny_dir, data, tmp_path / "f", 2, "--method", "full"))

@@ -1,6 +1,8 @@
 """The training mask, batch layout and loss; the model honours the 4D mask; training aligns with decoding."""
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from mars.decoding import DecodeConfig, decode_steps
 from mars.objective import Example, build_batch, forward_batch, mars_attention_mask, mars_loss
@@ -157,3 +159,31 @@ def test_loss_falls_when_overfitting_a_few_examples(tiny_lm):
         history.append({k: v.item() for k, v in losses.items()})
     assert history[-1]["noisy"] < 0.5 * history[0]["noisy"]
     assert history[-1]["clean"] < 0.5 * history[0]["clean"]
+
+
+def test_distill_loss_is_zero_for_the_same_distribution_and_ignores_unscored_positions():
+    from mars.objective import distill_loss
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(2, 5, 11, generator=g)
+    labels = torch.tensor([[-100, 3, 4, -100, -100], [1, 2, -100, -100, -100]])
+    assert distill_loss(t.clone(), t, labels).item() == pytest.approx(0.0, abs=1e-6)
+    s = torch.randn(2, 5, 11, generator=g)
+    kl = distill_loss(s, t, labels)
+    keep = labels != -100
+    want = (F.softmax(t[keep], -1) * (F.log_softmax(t[keep], -1) - F.log_softmax(s[keep], -1))).sum(-1).mean()
+    assert kl.item() == pytest.approx(want.item(), rel=1e-5) and kl.item() > 0
+    s2 = s.clone()
+    s2[labels == -100] += 5.0  # unscored positions do not count
+    assert distill_loss(s2, t, labels).item() == pytest.approx(kl.item(), rel=1e-6)
+
+
+def test_clean_forward_equals_the_clean_half_of_the_two_copy_pass(tiny_lm):
+    from mars.objective import build_batch, clean_forward, forward_batch
+
+    ex = [Example([1, 5, 6, 7, 8], [9, 10, 11, 2]), Example([1, 5, 6], [12, 13, 2])]
+    batch = build_batch(ex, 4, tiny_lm.mask_token_id, 2)
+    with torch.no_grad():
+        both = forward_batch(tiny_lm.model, batch)[:, : batch.clean_len]
+        alone = clean_forward(tiny_lm.model, batch)
+    assert torch.allclose(both, alone, atol=1e-9)
