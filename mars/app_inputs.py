@@ -30,6 +30,7 @@ def max_prompt_chars() -> int:
     """Checked before tokenizing, so a megabyte of text costs no tokenizer time; generous per token."""
     return 16 * max_prompt_tokens()
 
+
 def check_tau(tau) -> float:
     if not is_finite_number(tau) or not 0.0 <= float(tau) <= 1.0:
         raise ValueError(f"tau must be a number between 0 and 1, got {_short(tau)}")

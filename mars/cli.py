@@ -229,8 +229,8 @@ def cmd_train(args) -> int:
         lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
         max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
-        skip_last_slot=args.skip_last_slot, distill=args.distill, save_every=args.save_every, seed=args.seed, threads=args.threads,
-        dtype=args.dtype,
+        skip_last_slot=args.skip_last_slot, distill=args.distill, save_every=args.save_every, seed=args.seed,
+        threads=args.threads, dtype=args.dtype,
     )
     state = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # one summary line, from the main process

@@ -94,22 +94,21 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
     from mars.decoding import DecodeConfig, generate_ids
     from mars.quality import mean_nll, prefix_match
 
-    def run(ids, tau):
-        cfg = DecodeConfig(mode="mars", tau=tau, block_size=block_size, max_new_tokens=max_new)
+    def generate(model, ids, cfg):
         out = []
         for i in range(0, len(ids), batch_size):
-            out += generate_ids(lm, ids[i:i + batch_size], cfg)
+            out += generate_ids(model, ids[i:i + batch_size], cfg)
         return out
+
+    def run(ids, tau):
+        return generate(lm, ids, DecodeConfig(mode="mars", tau=tau, block_size=block_size, max_new_tokens=max_new))
 
     ref = None
     rows = []
     # drift control: the bare model's own greedy text, against which every tau's text is also compared
     bare_ref = None
     if bare is not None and bare is not lm:
-        bare_ref = []
-        ar = DecodeConfig(mode="ar", max_new_tokens=max_new)
-        for i in range(0, len(prompts), batch_size):
-            bare_ref += generate_ids(bare, prompts[i:i + batch_size], ar)
+        bare_ref = generate(bare, prompts, DecodeConfig(mode="ar", max_new_tokens=max_new))
     for tau in sorted(set(taus) | {1.0}, reverse=True):
         res = run(prompts, tau)
         if tau == 1.0:

@@ -168,26 +168,22 @@ def distill_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Ten
 def clean_forward(model, batch: MarsBatch) -> torch.Tensor:
     """Logits of the clean copy alone (b, Lc, V): causal over the clean positions, exactly as in the
     two-copy pass (the clean copy never sees the noisy one)."""
-    dtype = next(model.parameters()).dtype
-    device = next(model.parameters()).device
     Lc = batch.clean_len
-    out = model(
-        input_ids=batch.input_ids[:, :Lc].to(device),
-        position_ids=batch.position_ids[:, :Lc].to(device),
-        attention_mask=additive_mask(batch.attention_mask[:, :, :Lc, :Lc], dtype).to(device),
-        use_cache=False,
-    )
-    return out.logits
+    return _logits(model, batch.input_ids[:, :Lc], batch.position_ids[:, :Lc], batch.attention_mask[:, :, :Lc, :Lc])
 
 
 def forward_batch(model, batch: MarsBatch) -> torch.Tensor:
     """Run the model on a MarsBatch with its 4D mask; returns logits (b, Lc + Ln, V)."""
+    return _logits(model, batch.input_ids, batch.position_ids, batch.attention_mask)
+
+
+def _logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     dtype = next(model.parameters()).dtype
     device = next(model.parameters()).device
     out = model(
-        input_ids=batch.input_ids.to(device),
-        position_ids=batch.position_ids.to(device),
-        attention_mask=additive_mask(batch.attention_mask, dtype).to(device),
+        input_ids=input_ids.to(device),
+        position_ids=position_ids.to(device),
+        attention_mask=additive_mask(allowed, dtype).to(device),
         use_cache=False,
     )
     return out.logits

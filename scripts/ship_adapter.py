@@ -35,6 +35,7 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
 
 def main() -> int:
     from mars.plots import calibration_png, curve_png, loss_png, pareto_png
+    from mars.train import with_history
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", required=True)
@@ -67,8 +68,7 @@ def main() -> int:
     calibration_png(ev, dest / "calibration.png")
     pareto_png({"MARS adapter": ev, **({"bare model": bare} if bare else {})}, dest / "pareto.png")
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if x.strip()]
-    total = meta.get("total") or {"steps": meta["steps"], "sequences": meta["sequences"],
-                                  "train_seconds": meta["train_seconds"], "cpu_seconds": meta["train_seconds"]}
+    total = meta.get("total") or with_history(meta, None)["total"]  # a run in one piece: its own totals
     pieces = len(meta.get("history", [])) + 1
     da = ev["draft_accuracy"]
     dec_cols = [("tau", "tau", "%.2f"), ("tokens_per_forward", "tokens/forward", "%.3f"),
