@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what runs the model for the core's methods (ar, mars, verified, jacobi)")
     b.add_argument("--out", default=None, help="write the results as JSON here")
     e = sub.add_parser("eval", help="teacher-forced draft accuracy and decoding quality on held-out data")
-    e.add_argument("--data", default="data/selfdistill/heldout.jsonl", help="self-distilled JSONL (held out)")
+    e.add_argument("--data", default="data/selfdistill/heldout.jsonl.gz", help="self-distilled JSONL, plain or .gz (held out)")
     _add_model_args(e)
     e.add_argument("--block-size", type=int, default=None)
     e.add_argument("--limit", type=int, default=40)

@@ -165,3 +165,12 @@ def test_train_runs_under_accelerate_launch_with_two_processes(tiny_dir, tmp_pat
     assert (tmp_path / "ddp" / "adapter_model.safetensors").is_file()
     lm = load(str(tiny_dir), adapter=str(tmp_path / "ddp"))
     assert lm.adapter
+
+
+def test_eval_default_data_files_are_in_the_repo():
+    """`python -m mars eval` with no --data/--known must find the committed held-out and known-answer sets."""
+    from mars.cli import build_parser
+
+    args = build_parser().parse_args(["eval"])
+    for path in (args.data, args.known):
+        assert (ROOT / path).is_file(), path
