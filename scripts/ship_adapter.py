@@ -33,6 +33,26 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     return head + body
 
 
+def ship_logs(folders: list[Path], dest: Path) -> list[Path]:
+    """Copy every piece's training log, oldest first, to dest/NN.jsonl and return the copies.
+
+    A folder is a run (its log.jsonl) or a shipped adapter (its logs/, the whole chain so far). Why: runs/
+    does not outlive a working session, so the shipped adapter carries its own loss history forward.
+    """
+    texts = []
+    for d in folders:
+        shipped = sorted((d / "logs").glob("*.jsonl")) if (d / "logs").is_dir() else []
+        texts += [f.read_text() for f in shipped] or ([(d / "log.jsonl").read_text()] if (d / "log.jsonl").is_file() else [])
+    if dest.is_dir():  # read everything first: dest may be one of the folders
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    out = []
+    for i, text in enumerate(texts):
+        out.append(dest / f"{i:02d}.jsonl")
+        out[-1].write_text(text)
+    return out
+
+
 def main() -> int:
     from mars.plots import calibration_png, curve_png, loss_png, pareto_png
     from mars.train import with_history
@@ -63,7 +83,7 @@ def main() -> int:
     meta = json.loads((run / "mars.json").read_text())
     ev = json.loads(Path(args.eval).read_text())
     bare = json.loads(Path(args.bare_eval).read_text()) if args.bare_eval else None
-    logs = [Path(d) / "log.jsonl" for d in args.earlier] + [run / "log.jsonl"]
+    logs = ship_logs([Path(d) for d in args.earlier] + [run], dest / "logs")
     loss_png(logs, dest / "loss.png", title=f"MARS LoRA on SmolLM2-135M-Instruct, B={meta['block_size']}")
     calibration_png(ev, dest / "calibration.png")
     pareto_png({"MARS adapter": ev, **({"bare model": bare} if bare else {})}, dest / "pareto.png")
@@ -93,7 +113,7 @@ SmolLM2-135M-Instruct to fill B-1 = {meta['block_size'] - 1} appended mask posit
   max length {rec.get('max_length')}, noisy copies of prompt blocks dropped: {rec.get('drop_prompt_noisy')},
   last in-block slot skipped: {rec.get('skip_last_slot')}
 - Steps: {total['steps']} optimizer steps, {total['sequences']} sequences, {total['train_seconds'] / 60:.0f} minutes
-  ({total['cpu_seconds'] / 3600:.2f} CPU-hours, one core per process) on a shared 2-core CPU, in {pieces} resumable
+  ({total['cpu_seconds'] / 3600:.2f} CPU-hours = wall time x processes x torch threads) on a shared 2-core CPU, in {pieces} resumable
   piece(s), each continuing the previous adapter: {', '.join(f"{h['steps']} steps at lr {h['lr']}" for h in meta.get('history', []) + [{'steps': meta['steps'], 'lr': rec.get('lr')}])}
 - Final losses (mean of the last 5 logged steps): noisy {sum(r['noisy'] for r in log[-5:]) / min(5, len(log)):.2f},
   clean {sum(r['clean'] for r in log[-5:]) / min(5, len(log)):.2f}

@@ -73,3 +73,21 @@ def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path):
     assert rows[1]["tokens_per_forward"] == {"0.9": 1.05} and "tokens_per_forward" not in rows[0]
     with pytest.raises(SystemExit, match="different numbers"):
         build([("a", tf("a", 100, 1.3), 1.0), ("c", tf("c", 40, 1.3), 2.0)], {})
+
+
+def test_shipped_logs_carry_the_whole_chain_when_shipping_over_the_previous_adapter(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from ship_adapter import ship_logs
+
+    first = _run(tmp_path / "v0", 10, 60.0)
+    second = _run(tmp_path / "v1", 10, 60.0, parent=first)
+    _run(tmp_path / "v2", 10, 60.0, parent=second)
+    (tmp_path / "v0" / "log.jsonl").write_text('{"piece": 0}\n')
+    (tmp_path / "v2" / "log.jsonl").write_text('{"piece": 2}\n')
+    dest = tmp_path / "assets"
+    ship_logs([tmp_path / "v0", tmp_path / "v1"], dest / "logs")
+    # the next session has only the shipped adapter and its new run; shipping writes over the same folder
+    logs = ship_logs([dest, tmp_path / "v2"], dest / "logs")
+    assert [p.name for p in logs] == ["00.jsonl", "01.jsonl", "02.jsonl"]
+    assert logs[0].read_text() == '{"piece": 0}\n' and logs[2].read_text() == '{"piece": 2}\n'
+    assert logs[1].read_text() == (tmp_path / "v1" / "log.jsonl").read_text()
