@@ -115,6 +115,7 @@ def cmd_eval(args) -> int:
     from mars.evaluate import decoding_eval, draft_accuracy
     from mars.loading import load
 
+    _prepare_out(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
@@ -141,6 +142,16 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _prepare_out(path: str | None) -> None:
+    """Create --out's folder and check it is writable before a long run, not after it (results would be lost)."""
+    if not path:
+        return
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.is_dir() or not os.access(out.parent, os.W_OK):
+        raise SystemExit(f"error: cannot write --out {path}")
+
+
 def cmd_bench(args) -> int:
     import torch
     from tqdm.auto import tqdm
@@ -149,6 +160,7 @@ def cmd_bench(args) -> int:
                             spread_indices, to_json)
     from mars.loading import load
 
+    _prepare_out(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts, kinds = read_prompts(args.prompts, with_kinds=True)

@@ -134,7 +134,7 @@ def test_read_prompts_with_kinds(tmp_path):
 def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
     f = tmp_path / "p.txt"
     f.write_text("tell me a word\nadd 2 + 3\n")
-    out = tmp_path / "b.json"
+    out = tmp_path / "not-yet" / "b.json"  # the folder is made before the run, not found missing after it
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     r = subprocess.run([sys.executable, "-m", "mars", "bench", "--prompts", str(f), "--model", str(tiny_dir),
                         "--methods", "hf,ar,mars,lookup", "--taus", "0.5", "--max-new-tokens", "8", "--out", str(out),
@@ -149,6 +149,15 @@ def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
     assert all(need <= set(run) for run in data["runs"])
     assert all(len(run["row_forwards"]) == len(run["row_new_tokens"]) == 2 for run in data["runs"])
     assert "lookup wins" in r.stdout  # where prompt lookup wins and loses against MARS
+
+
+def test_out_that_cannot_be_written_fails_before_the_run(tmp_path):
+    from mars.cli import _prepare_out
+
+    with pytest.raises(SystemExit, match="cannot write"):
+        _prepare_out(str(tmp_path))  # a folder, not a file
+    _prepare_out(str(tmp_path / "a" / "b" / "r.json"))
+    assert (tmp_path / "a" / "b").is_dir()
 
 
 def test_report_plots_are_written(tmp_path):
