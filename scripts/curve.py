@@ -3,6 +3,7 @@ of a checkpoint's successive pieces and snapshots into one JSON list for the mod
 
     python scripts/curve.py --point v0 runs/v0/tf100.json 1.26 --point v2 runs/v2/tf100.json 3.1 \
         --decoding v2 runs/v2/eval.json --out runs/curve.json
+    python scripts/curve.py --previous assets/mars-adapter/curve.json --point v4 runs/tf/v4.json 7.9 --out runs/curve.json
 
 Each --point is NAME TF_JSON CPU_HOURS: TF_JSON is `python -m mars eval --teacher-forced-only --out` for
 that checkpoint (the same --limit for every point, or the points are not comparable); CPU_HOURS is its
@@ -17,8 +18,9 @@ import json
 from pathlib import Path
 
 
-def build(points: list[tuple[str, str, float]], decoding: dict[str, str]) -> list[dict]:
-    out, examples = [], set()
+def build(points: list[tuple[str, str, float]], decoding: dict[str, str], previous: list[dict] = ()) -> list[dict]:
+    """previous: rows of an earlier curve (the shipped adapter's curve.json), kept as they are."""
+    out, examples = list(previous), {r.get("examples") for r in previous}
     for name, path, hours in points:
         rep = json.loads(Path(path).read_text())
         examples.add(rep.get("examples"))
@@ -39,9 +41,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--point", nargs=3, action="append", metavar=("NAME", "TF_JSON", "CPU_HOURS"), required=True)
     ap.add_argument("--decoding", nargs=2, action="append", default=[], metavar=("NAME", "EVAL_JSON"))
+    ap.add_argument("--previous", default=None,
+                    help="an earlier curve JSON (assets/mars-adapter/curve.json): its points are kept, since the "
+                         "evaluations behind them do not outlive a session")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    rows = build([(n, p, float(h)) for n, p, h in args.point], dict(args.decoding))
+    previous = json.loads(Path(args.previous).read_text()) if args.previous else []
+    rows = build([(n, p, float(h)) for n, p, h in args.point], dict(args.decoding), previous)
     Path(args.out).write_text(json.dumps(rows, indent=2))
     for r in rows:
         print(f"{r['name']:<12}{r['cpu_hours']:6.2f} h  est {r['est_tokens_per_pass']:.3f}  "

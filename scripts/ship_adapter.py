@@ -134,6 +134,7 @@ Real decoding, batch 1, tau rule (B = {ev['block_size']}):
         card += "\nControls, the bare model:\n\n" + table(bare.get("decoding", []), dec_cols)
     if args.curve:
         points = json.loads(Path(args.curve).read_text())
+        (dest / "curve.json").write_text(json.dumps(points, indent=2))  # the next piece's curve starts from it
         curve_png(points, dest / "curve.png")
         taus = sorted({t for p in points for t in p.get("tokens_per_forward", {})}, reverse=True)
         rows = [{"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],

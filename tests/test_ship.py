@@ -50,6 +50,7 @@ def test_ship_writes_card_with_totals_curve_and_refuses_big_weights(tmp_path):
     assert "150 optimizer steps" in card and "1.50 CPU-hours" in card and "2 resumable" in card
     assert "1.123" in card and "a stated limit" in card
     assert all((dest / f).stat().st_size > 5000 for f in ("loss.png", "curve.png", "pareto.png", "calibration.png"))
+    assert json.loads((dest / "curve.json").read_text()) == curve and len(list((dest / "logs").glob("*.jsonl"))) == 2
     (tmp_path / "v1" / "adapter_model.safetensors").write_bytes(b"\0" * 26_000_000)
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "25 MB" in r.stderr
@@ -73,6 +74,11 @@ def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path):
     assert rows[1]["tokens_per_forward"] == {"0.9": 1.05} and "tokens_per_forward" not in rows[0]
     with pytest.raises(SystemExit, match="different numbers"):
         build([("a", tf("a", 100, 1.3), 1.0), ("c", tf("c", 40, 1.3), 2.0)], {})
+    # a later session keeps the shipped points and adds its own; the example count must still agree
+    later = build([("d", tf("d", 100, 1.5), 3.0)], {}, previous=rows)
+    assert [r["name"] for r in later] == ["a", "b", "d"] and later[1] == rows[1]
+    with pytest.raises(SystemExit, match="different numbers"):
+        build([("e", tf("e", 40, 1.5), 3.0)], {}, previous=rows)
 
 
 def test_shipped_logs_carry_the_whole_chain_when_shipping_over_the_previous_adapter(tmp_path):
