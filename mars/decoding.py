@@ -319,7 +319,10 @@ def decode_steps(
 
         # 4. cache: keep the columns every row computed from real inputs; drop masks and run-ahead tokens
         if cfg.use_cache:
-            commit = min(valid) - C  # columns [C, C + commit) hold real tokens' KV for every row
+            # columns [C, C + commit) hold real tokens' KV for every row; and every row keeps its last token
+            # uncached, to be fed (as the query) next pass: a row idling at the cache-block end while another
+            # row's verified extras run past it would otherwise be left with nothing to feed
+            commit = min(min(valid), min(r.frontier for r in live) - 1) - C
             new_ok = torch.stack([torch.arange(C, C + commit) >= r.pad for r in live])
             key_ok = torch.cat([key_ok, new_ok], dim=1)
             C += commit
@@ -382,6 +385,8 @@ def _window(row: _Row, plan: RowPlan | None, start: int, mask_id: int | None) ->
         g = torch.tensor(reads)
         allowed[g[:, None], torch.arange(n_real + j)[None, :]] = valid[: n_real + j][None, :]
         allowed[g[:, None], g[None, :]] = g[None, :] <= g[:, None]
+    if plan and n_real < 1:
+        raise RuntimeError(f"row {row.index}: no uncached token to feed (frontier {F}, cache {start})")
     main_reads = list(range(n_real - 1, n_real + len(extra))) if plan else []
     return _RowWindow(tokens, positions, allowed, main_reads, group_reads)
 

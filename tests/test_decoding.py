@@ -235,6 +235,32 @@ def test_default_model_batch_equals_alone_and_cached_equals_uncached(default_lm)
 # ---- lossless modes: verified (MARS drafts checked by the model's own AR logits) and Jacobi
 
 
+@pytest.mark.parametrize("cache_block", [2, 3, 4, 5, 7])
+def test_batch_stays_exact_when_rows_run_ahead_by_verified_extras(tiny_lm, monkeypatch, cache_block):
+    """Rows idle at the cache-block end while another row's verified extras carry it past that end: the
+    commit must still leave every row a token to feed (a bench at batch 4 once cut rows short this way).
+    An oracle Jacobi guesses 0-3 of the true next tokens per pass, varying by row and step, so rows run
+    ahead of each other in every pattern; the output must stay AR greedy."""
+    import mars.decoding as decoding
+    from mars.modes import JacobiMode
+
+    ids = encode_all(tiny_lm)
+    ar = [generate_ids(tiny_lm, [p], DecodeConfig(mode="ar", max_new_tokens=40))[0].token_ids for p in ids]
+
+    class OracleJacobi(JacobiMode):
+        def plan(self, row, cfg, tau):
+            k = len(row.generated)
+            good = (7 * row.index + 3 * k) % 4  # how many of the guesses are right this pass
+            truth = ar[row.index][k:k + good] + [-1] * 3
+            return decoding.RowPlan(extra=[t if t >= 0 else tiny_lm.tokenizer.pad_token_id or 0 for t in truth[:3]])
+
+    monkeypatch.setattr(decoding, "make_mode", lambda cfg: OracleJacobi())
+    cfg = DecodeConfig(mode="jacobi", block_size=4, max_new_tokens=40, cache_block=cache_block)
+    batch = generate_ids(tiny_lm, ids, cfg)
+    assert [r.token_ids for r in batch] == ar
+    assert sum(r.forwards for r in batch) < sum(len(t) for t in ar)  # the oracle did run rows ahead
+
+
 @pytest.mark.parametrize("mode,B,groups,tau", [("verified", 4, "all", 0.0), ("verified", 4, "last", 0.0),
                                                ("verified", 3, "all", 0.5), ("verified", 8, "all", 0.0),
                                                ("jacobi", 4, "all", 0.0), ("jacobi", 6, "all", 0.0)])
