@@ -159,8 +159,9 @@ Real decoding, batch 1, tau rule (B = {ev['block_size']}):
 - Briefly trained on a CPU: the mask predictions are often right but rarely confident, so the tau rule
   lets few of them through. The verified mode (`--mode verified`) accepts every draft that matches the
   AR output and keeps the text exactly AR greedy.
-- The adapter also shifts the model's own tau = 1.0 (AR) output a little away from the bare model's
-  (see the NLL columns): it was trained on the bare model's outputs with an SFT term, not distilled.
+- The adapter also shifts the model's own tau = 1.0 (AR) output away from the bare model's (see the
+  "prefix = bare greedy" and NLL columns): it was trained on the bare model's outputs with an SFT term,
+  not distilled.
 """
     (dest / "README.md").write_text(card)
     print(f"shipped {size_mb:.1f} MB to {dest}")
