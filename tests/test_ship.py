@@ -97,3 +97,13 @@ def test_shipped_logs_carry_the_whole_chain_when_shipping_over_the_previous_adap
     assert [p.name for p in logs] == ["00.jsonl", "01.jsonl", "02.jsonl"]
     assert logs[0].read_text() == '{"piece": 0}\n' and logs[2].read_text() == '{"piece": 2}\n'
     assert logs[1].read_text() == (tmp_path / "v1" / "log.jsonl").read_text()
+
+
+def test_the_shipped_adapter_folder_is_not_git_ignored():
+    """ship_adapter writes logs/ and curve.json beside the weights; an ignore rule once swallowed logs/."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for rel in ("assets/mars-adapter/logs/00.jsonl", "assets/mars-adapter/curve.json",
+                "assets/mars-adapter/adapter_model.safetensors"):
+        r = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ROOT)
+        assert r.returncode == 1, f"{rel} is git-ignored"
