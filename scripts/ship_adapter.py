@@ -42,7 +42,10 @@ def ship_logs(folders: list[Path], dest: Path) -> list[Path]:
     texts = []
     for d in folders:
         shipped = sorted((d / "logs").glob("*.jsonl")) if (d / "logs").is_dir() else []
-        texts += [f.read_text() for f in shipped] or ([(d / "log.jsonl").read_text()] if (d / "log.jsonl").is_file() else [])
+        if shipped:
+            texts += [f.read_text() for f in shipped]
+        elif (d / "log.jsonl").is_file():
+            texts.append((d / "log.jsonl").read_text())
     if dest.is_dir():  # read everything first: dest may be one of the folders
         shutil.rmtree(dest)
     dest.mkdir(parents=True)

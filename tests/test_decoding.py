@@ -251,8 +251,8 @@ def test_batch_stays_exact_when_rows_run_ahead_by_verified_extras(tiny_lm, monke
         def plan(self, row, cfg, tau):
             k = len(row.generated)
             good = (7 * row.index + 3 * k) % 4  # how many of the guesses are right this pass
-            truth = ar[row.index][k:k + good] + [-1] * 3
-            return decoding.RowPlan(extra=[t if t >= 0 else tiny_lm.tokenizer.pad_token_id or 0 for t in truth[:3]])
+            guesses = ar[row.index][k:k + good]
+            return decoding.RowPlan(extra=guesses + [tiny_lm.tokenizer.pad_token_id or 0] * (3 - len(guesses)))
 
     monkeypatch.setattr(decoding, "make_mode", lambda cfg: OracleJacobi())
     cfg = DecodeConfig(mode="jacobi", block_size=4, max_new_tokens=40, cache_block=cache_block)
