@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -117,6 +117,10 @@ def train(cfg: TrainConfig) -> dict:
 
         if cfg.adapter:
             model = PeftModel.from_pretrained(model, cfg.adapter, is_trainable=True)
+            # the adapter's own shape wins over the --lora-* flags: record it, so mars.json tells the truth
+            pc = model.peft_config["default"]
+            cfg = replace(cfg, lora_r=pc.r, lora_alpha=pc.lora_alpha, lora_dropout=pc.lora_dropout,
+                          lora_targets=tuple(sorted(pc.target_modules)))
         else:
             lcfg = LoraConfig(
                 r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,

@@ -109,9 +109,11 @@ def test_train_resume_and_load_back(tiny_dir, tmp_path):
     assert generate_ids(lm, [ids], cfg)[0].token_ids != generate_ids(bare, [ids], cfg)[0].token_ids
 
     # continuing the adapter (training in pieces): the new piece's metadata carries its ancestry and totals
-    cont = run_cli(*train_args(tiny_dir, data, tmp_path / "c", 2, "--adapter", str(tmp_path / "a")))
+    cont = run_cli(*train_args(tiny_dir, data, tmp_path / "c", 2, "--adapter", str(tmp_path / "a"),
+                               "--lora-r", "16"))  # ignored: the adapter is r=4, and mars.json says so
     assert cont.returncode == 0, cont.stderr
     meta_c = json.loads((tmp_path / "c" / "mars.json").read_text())
+    assert meta_c["recipe"]["lora_r"] == 4 and meta_c["recipe"]["lora_alpha"] == 8
     assert [h["steps"] for h in meta_c["history"]] == [6] and meta_c["steps"] == 2
     assert meta_c["total"]["steps"] == 8 and meta_c["total"]["sequences"] == meta["sequences"] + meta_c["sequences"]
     assert meta_c["total"]["train_seconds"] == pytest.approx(meta["train_seconds"] + meta_c["train_seconds"], abs=0.2)
