@@ -104,7 +104,8 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     plt = _plt()
     pts = sorted(points, key=lambda p: p["cpu_hours"])
     x = [p["cpu_hours"] for p in pts]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    with_quality = [p for p in pts if "1" in p.get("quality", {})]
+    fig, axes = plt.subplots(1, 3 if with_quality else 2, figsize=(13.5 if with_quality else 9, 3.6))
     axes[0].plot(x, [p["est_tokens_per_pass"] for p in pts], "o-", label="teacher-forced estimate")
     for tau in sorted({t for p in pts for t in p.get("tokens_per_forward", {})}, reverse=True):
         xs = [(p["cpu_hours"], p["tokens_per_forward"][tau]) for p in pts if tau in p.get("tokens_per_forward", {})]
@@ -113,6 +114,13 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     for d in sorted({d for p in pts for d in p["accuracy_by_distance"]}, key=int):
         axes[1].plot(x, [p["accuracy_by_distance"].get(d) for p in pts], "o-", label=f"distance {d}")
     axes[1].set(xlabel="training CPU-hours", ylabel="draft accuracy (teacher-forced)", title="mask accuracy")
+    if with_quality:  # the price of those tokens: the text's NLL under the model in AR mode, over its own AR text's
+        for tau in sorted({t for p in with_quality for t in p["quality"] if t != "1"}, reverse=True):
+            xs = [(p["cpu_hours"], p["quality"][tau]["mean_nll_under_ar"] / p["quality"]["1"]["mean_nll_under_ar"])
+                  for p in with_quality if tau in p["quality"]]
+            axes[2].plot([a for a, _ in xs], [b for _, b in xs], "s--", label=f"tau {tau}")
+        axes[2].axhline(1.15, color="grey", lw=0.8, ls=":", label="goal: within 15%")
+        axes[2].set(xlabel="training CPU-hours", ylabel="NLL under AR / own AR text's", title="quality cost")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

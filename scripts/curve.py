@@ -8,7 +8,8 @@ of a checkpoint's successive pieces and snapshots into one JSON list for the mod
 Each --point is NAME TF_JSON CPU_HOURS: TF_JSON is `python -m mars eval --teacher-forced-only --out` for
 that checkpoint (the same --limit for every point, or the points are not comparable); CPU_HOURS is its
 cumulative training time (mars.json `total.cpu_seconds` / 3600). --decoding NAME EVAL_JSON adds the
-real tokens per forward at each tau of a full `python -m mars eval`.
+real tokens per forward at each tau of a full `python -m mars eval`, with the text's quality there (NLL under
+the model in AR mode and under the bare model, known-answer accuracy; tau 1.0 included as the reference).
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+
+
+QUALITY = ("mean_nll_under_ar", "mean_nll_under_bare", "known_answer_accuracy")
 
 
 def build(points: list[tuple[str, str, float]], decoding: dict[str, str], previous: list[dict] = ()) -> list[dict]:
@@ -31,6 +35,8 @@ def build(points: list[tuple[str, str, float]], decoding: dict[str, str], previo
         if name in decoding:
             dec = json.loads(Path(decoding[name]).read_text())["decoding"]
             row["tokens_per_forward"] = {f"{r['tau']:g}": r["tokens_per_forward"] for r in dec if r["tau"] < 1.0}
+            # what those tokens cost: more tokens per forward is no gain if the text got worse
+            row["quality"] = {f"{r['tau']:g}": {k: r.get(k) for k in QUALITY} for r in dec}
         out.append(row)
     if len(examples) > 1:
         raise SystemExit(f"points were evaluated on different numbers of examples: {sorted(examples)}")

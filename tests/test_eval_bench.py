@@ -178,6 +178,13 @@ def test_report_plots_are_written(tmp_path):
                "tokens_per_forward": {"0.9": 1 + h / 50} if h > 1 else {}} for h in (0.5, 1.5, 3.0)]
     for p in (curve_png(points, tmp_path / "c.png"), loss_png([log, log], tmp_path / "l2.png")):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+    # points with decoding quality get a third panel (NLL ratio against the own AR text)
+    from PIL import Image
+
+    for p in points[1:]:
+        p["quality"] = {"1": {"mean_nll_under_ar": 0.3}, "0.9": {"mean_nll_under_ar": 0.3 + p["cpu_hours"] / 20}}
+    wide = curve_png(points, tmp_path / "cq.png")
+    assert Image.open(wide).width > 1.3 * Image.open(tmp_path / "c.png").width
     for p in (bench_png(data, tmp_path / "b.png"), loss_png(log, tmp_path / "l.png"),
               pareto_png({"x": report}, tmp_path / "p.png"), calibration_png(report, tmp_path / "c.png")):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000

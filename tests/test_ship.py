@@ -67,11 +67,15 @@ def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path):
         return str(p)
 
     dec = tmp_path / "dec.json"
-    dec.write_text(json.dumps({"decoding": [{"tau": 1.0, "tokens_per_forward": 1.0},
-                                            {"tau": 0.9, "tokens_per_forward": 1.05}]}))
+    dec.write_text(json.dumps({"decoding": [
+        {"tau": 1.0, "tokens_per_forward": 1.0, "mean_nll_under_ar": 0.25, "known_answer_accuracy": 0.3},
+        {"tau": 0.9, "tokens_per_forward": 1.05, "mean_nll_under_ar": 0.4, "known_answer_accuracy": 0.2}]}))
     rows = build([("b", tf("b", 100, 1.4), 2.0), ("a", tf("a", 100, 1.3), 1.0)], {"b": str(dec)})
     assert [r["name"] for r in rows] == ["a", "b"]  # by CPU-hours
     assert rows[1]["tokens_per_forward"] == {"0.9": 1.05} and "tokens_per_forward" not in rows[0]
+    q = rows[1]["quality"]  # tau 1.0 kept as the reference the others are judged against
+    assert q["1"]["mean_nll_under_ar"] == 0.25 and q["0.9"]["known_answer_accuracy"] == 0.2
+    assert q["0.9"]["mean_nll_under_bare"] is None and "quality" not in rows[0]
     with pytest.raises(SystemExit, match="different numbers"):
         build([("a", tf("a", 100, 1.3), 1.0), ("c", tf("c", 40, 1.3), 2.0)], {})
     # a later session keeps the shipped points and adds its own; the example count must still agree
