@@ -107,9 +107,11 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     with_quality = [p for p in pts if "1" in p.get("quality", {})]
     fig, axes = plt.subplots(1, 3 if with_quality else 2, figsize=(13.5 if with_quality else 9, 3.6))
     axes[0].plot(x, [p["est_tokens_per_pass"] for p in pts], "o-", label="teacher-forced estimate")
-    for tau in sorted({t for p in pts for t in p.get("tokens_per_forward", {})}, reverse=True):
+    taus = sorted({t for p in pts for t in p.get("tokens_per_forward", {})}, reverse=True)
+    colour = {t: f"C{i + 1}" for i, t in enumerate(taus)}  # one colour per tau in both panels that show taus
+    for tau in taus:
         xs = [(p["cpu_hours"], p["tokens_per_forward"][tau]) for p in pts if tau in p.get("tokens_per_forward", {})]
-        axes[0].plot([a for a, _ in xs], [b for _, b in xs], "s--", label=f"decoding, tau {tau}")
+        axes[0].plot([a for a, _ in xs], [b for _, b in xs], "s--", color=colour[tau], label=f"decoding, tau {tau}")
     axes[0].set(xlabel="training CPU-hours", ylabel="tokens per forward", title="acceptance against training time")
     for d in sorted({d for p in pts for d in p["accuracy_by_distance"]}, key=int):
         axes[1].plot(x, [p["accuracy_by_distance"].get(d) for p in pts], "o-", label=f"distance {d}")
@@ -118,9 +120,13 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
         for tau in sorted({t for p in with_quality for t in p["quality"] if t != "1"}, reverse=True):
             xs = [(p["cpu_hours"], p["quality"][tau]["mean_nll_under_ar"] / p["quality"]["1"]["mean_nll_under_ar"])
                   for p in with_quality if tau in p["quality"]]
-            axes[2].plot([a for a, _ in xs], [b for _, b in xs], "s--", label=f"tau {tau}")
+            axes[2].plot([a for a, _ in xs], [b for _, b in xs], "s--", color=colour.get(tau), label=f"tau {tau}")
         axes[2].axhline(1.15, color="grey", lw=0.8, ls=":", label="goal: within 15%")
-        axes[2].set(xlabel="training CPU-hours", ylabel="NLL under AR / own AR text's", title="quality cost")
+        axes[2].set_yscale("log")  # tau 0.5 costs several times what tau 0.9 does
+        ticks = [1, 1.15, 1.5, 2, 3, 5, 8]
+        axes[2].set_yticks(ticks, [f"{t:g}x" for t in ticks])
+        axes[2].yaxis.set_minor_formatter(plt.NullFormatter())
+        axes[2].set(xlabel="training CPU-hours", ylabel="NLL under AR / own AR text's (log)", title="quality cost")
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
