@@ -33,6 +33,29 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     return head + body
 
 
+def curve_section(points: list[dict]) -> str:
+    """The card's acceptance-against-training-time table: teacher-forced accuracy, real tokens per forward,
+    and what tau 0.9 costs in quality where decoding was measured (NLL ratio to the own AR text, known answers)."""
+    taus = sorted({t for p in points for t in p.get("tokens_per_forward", {})}, reverse=True)
+    rows = []
+    for p in points:
+        q = p.get("quality", {})
+        ratio = (q["0.9"]["mean_nll_under_ar"] / q["1"]["mean_nll_under_ar"]) if "0.9" in q and "1" in q else None
+        rows.append({"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],
+                     **{f"d{d}": a for d, a in p["accuracy_by_distance"].items()},
+                     **{f"t{t}": p.get("tokens_per_forward", {}).get(t) for t in taus},
+                     "ratio": ratio, "known": q.get("0.9", {}).get("known_answer_accuracy")})
+    dists = sorted({d for p in points for d in p["accuracy_by_distance"]}, key=int)
+    cols = ([("name", "checkpoint", ""), ("h", "CPU-hours", "%.2f"), ("est", "est. tokens/pass", "%.3f")]
+            + [(f"d{d}", f"acc d{d}", "%.3f") for d in dists]
+            + [(f"t{t}", f"tokens/fwd tau {t}", "%.3f") for t in taus])
+    if any(r["ratio"] is not None for r in rows):
+        cols += [("ratio", "tau 0.9: NLL under AR / own AR text's", "%.2fx"), ("known", "tau 0.9: known answers", "%.3f")]
+    return ("\n## Acceptance against training time\n\nTeacher-forced on held-out examples (draft accuracy per "
+            "distance, estimated tokens per pass), and real decoding where measured:\n\n"
+            + table(rows, cols) + "\n![acceptance against CPU-hours](curve.png)\n")
+
+
 def ship_logs(folders: list[Path], dest: Path) -> list[Path]:
     """Copy every piece's training log, oldest first, to dest/NN.jsonl and return the copies.
 
@@ -139,17 +162,7 @@ Real decoding, batch 1, tau rule (B = {ev['block_size']}):
         points = json.loads(Path(args.curve).read_text())
         (dest / "curve.json").write_text(json.dumps(points, indent=2))  # the next piece's curve starts from it
         curve_png(points, dest / "curve.png")
-        taus = sorted({t for p in points for t in p.get("tokens_per_forward", {})}, reverse=True)
-        rows = [{"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],
-                 **{f"d{d}": a for d, a in p["accuracy_by_distance"].items()},
-                 **{f"t{t}": p.get("tokens_per_forward", {}).get(t) for t in taus}} for p in points]
-        dists = sorted({d for p in points for d in p["accuracy_by_distance"]}, key=int)
-        card += ("\n## Acceptance against training time\n\nTeacher-forced on held-out examples (draft accuracy per "
-                 "distance, estimated tokens per pass), and real decoding where measured:\n\n"
-                 + table(rows, [("name", "checkpoint", ""), ("h", "CPU-hours", "%.2f"), ("est", "est. tokens/pass", "%.3f")]
-                         + [(f"d{d}", f"acc d{d}", "%.3f") for d in dists]
-                         + [(f"t{t}", f"tokens/fwd tau {t}", "%.3f") for t in taus])
-                 + "\n![acceptance against CPU-hours](curve.png)\n")
+        card += curve_section(points)
     if args.comparison:
         card += "\n## Recipe comparison\n\n" + Path(args.comparison).read_text()
     if args.extra:

@@ -37,7 +37,9 @@ def test_ship_writes_card_with_totals_curve_and_refuses_big_weights(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps(ev))
     curve = [{"name": "v0", "cpu_hours": 1.0, "est_tokens_per_pass": 1.3, "accuracy_by_distance": {"2": 0.28}},
              {"name": "v1", "cpu_hours": 1.5, "est_tokens_per_pass": 1.4, "accuracy_by_distance": {"2": 0.3},
-              "tokens_per_forward": {"0.9": 1.123}}]
+              "tokens_per_forward": {"0.9": 1.123},
+              "quality": {"1": {"mean_nll_under_ar": 0.4, "known_answer_accuracy": 0.5},
+                          "0.9": {"mean_nll_under_ar": 0.5, "known_answer_accuracy": 0.45}}}]
     (tmp_path / "curve.json").write_text(json.dumps(curve))
     (tmp_path / "limits.md").write_text("- a stated limit\n")
     dest = tmp_path / "out"
@@ -49,6 +51,8 @@ def test_ship_writes_card_with_totals_curve_and_refuses_big_weights(tmp_path):
     card = (dest / "README.md").read_text()
     assert "150 optimizer steps" in card and "1.50 CPU-hours" in card and "2 resumable" in card
     assert "1.123" in card and "a stated limit" in card
+    assert "| v1 | 1.50 | 1.400 | 0.300 | 1.123 | 1.25x | 0.450 |" in card  # tau 0.9's quality cost, by checkpoint
+    assert "| v0 | 1.00 | 1.300 | 0.280 | - | - | - |" in card
     assert all((dest / f).stat().st_size > 5000 for f in ("loss.png", "curve.png", "pareto.png", "calibration.png"))
     assert json.loads((dest / "curve.json").read_text()) == curve and len(list((dest / "logs").glob("*.jsonl"))) == 2
     (tmp_path / "v1" / "adapter_model.safetensors").write_bytes(b"\0" * 26_000_000)
