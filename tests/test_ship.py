@@ -115,3 +115,13 @@ def test_the_shipped_adapter_folder_is_not_git_ignored():
                 "assets/mars-adapter/adapter_model.safetensors"):
         r = subprocess.run(["git", "check-ignore", "-q", "--no-index", rel], cwd=ROOT)
         assert r.returncode == 1, f"{rel} is git-ignored"
+
+
+def test_shipped_recipe_records_the_adapters_real_lora_shape():
+    """The card and mars.json are generated from the recipe: it must describe the weights that load."""
+    meta = json.loads((ROOT / "assets" / "mars-adapter" / "mars.json").read_text())
+    cfg = json.loads((ROOT / "assets" / "mars-adapter" / "adapter_config.json").read_text())
+    assert (meta["recipe"]["lora_r"], meta["recipe"]["lora_alpha"]) == (cfg["r"], cfg["lora_alpha"])
+    assert sorted(meta["recipe"]["lora_targets"]) == sorted(cfg["target_modules"])
+    card = (ROOT / "assets" / "mars-adapter" / "README.md").read_text()
+    assert f"lora r={cfg['r']} alpha={cfg['lora_alpha']}" in card
