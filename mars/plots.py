@@ -95,6 +95,15 @@ def loss_png(log_path, path: str | Path, title: str = "") -> Path:
     return _save(plt, fig, path)
 
 
+def nll_cost(point: dict, tau: str) -> float | None:
+    """A curve point's quality cost at tau: the text's NLL under the model in AR mode over its own AR (tau 1)
+    text's; None where that decoding was not measured."""
+    q = point.get("quality", {})
+    if tau not in q or "1" not in q:
+        return None
+    return q[tau]["mean_nll_under_ar"] / q["1"]["mean_nll_under_ar"]
+
+
 def curve_png(points: list[dict], path: str | Path) -> Path:
     """Acceptance against training CPU-hours: teacher-forced estimated tokens per pass and draft accuracy
     per distance, plus real tokens per forward at each tau where measured.
@@ -118,8 +127,7 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     axes[1].set(xlabel="training CPU-hours", ylabel="draft accuracy (teacher-forced)", title="mask accuracy")
     if with_quality:  # the price of those tokens: the text's NLL under the model in AR mode, over its own AR text's
         for tau in sorted({t for p in with_quality for t in p["quality"] if t != "1"}, reverse=True):
-            xs = [(p["cpu_hours"], p["quality"][tau]["mean_nll_under_ar"] / p["quality"]["1"]["mean_nll_under_ar"])
-                  for p in with_quality if tau in p["quality"]]
+            xs = [(p["cpu_hours"], nll_cost(p, tau)) for p in with_quality if tau in p["quality"]]
             axes[2].plot([a for a, _ in xs], [b for _, b in xs], "s--", color=colour.get(tau), label=f"tau {tau}")
         axes[2].axhline(1.15, color="grey", lw=0.8, ls=":", label="goal: within 15%")
         axes[2].set_yscale("log")  # tau 0.5 costs several times what tau 0.9 does

@@ -36,15 +36,14 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
 def curve_section(points: list[dict]) -> str:
     """The card's acceptance-against-training-time table: teacher-forced accuracy, real tokens per forward,
     and what tau 0.9 costs in quality where decoding was measured (NLL ratio to the own AR text, known answers)."""
+    from mars.plots import nll_cost
+
     taus = sorted({t for p in points for t in p.get("tokens_per_forward", {})}, reverse=True)
-    rows = []
-    for p in points:
-        q = p.get("quality", {})
-        ratio = (q["0.9"]["mean_nll_under_ar"] / q["1"]["mean_nll_under_ar"]) if "0.9" in q and "1" in q else None
-        rows.append({"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],
-                     **{f"d{d}": a for d, a in p["accuracy_by_distance"].items()},
-                     **{f"t{t}": p.get("tokens_per_forward", {}).get(t) for t in taus},
-                     "ratio": ratio, "known": q.get("0.9", {}).get("known_answer_accuracy")})
+    rows = [{"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],
+             **{f"d{d}": a for d, a in p["accuracy_by_distance"].items()},
+             **{f"t{t}": p.get("tokens_per_forward", {}).get(t) for t in taus},
+             "ratio": nll_cost(p, "0.9"), "known": p.get("quality", {}).get("0.9", {}).get("known_answer_accuracy")}
+            for p in points]
     dists = sorted({d for p in points for d in p["accuracy_by_distance"]}, key=int)
     cols = ([("name", "checkpoint", ""), ("h", "CPU-hours", "%.2f"), ("est", "est. tokens/pass", "%.3f")]
             + [(f"d{d}", f"acc d{d}", "%.3f") for d in dists]
