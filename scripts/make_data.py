@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts"
 
@@ -28,6 +26,8 @@ PROMPTS = Path(__file__).resolve().parent.parent / "data" / "prompts"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", default="train", help="train, heldout or known_answers (data/prompts/<split>.jsonl)")
+    ap.add_argument("--prompts", help="a prompt file instead of --split (.jsonl, or its packed .jsonl.gz)")
+    ap.add_argument("--max-minutes", type=float, default=0, help="stop cleanly after this long (0 = no cap)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -43,7 +43,13 @@ def main() -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    items = [json.loads(line) for line in (PROMPTS / f"{args.split}.jsonl").read_text().splitlines() if line.strip()]
+    if args.prompts:
+        from mars.data import read_jsonl
+
+        path = Path(args.prompts)  # on a fresh clone only the committed, packed .jsonl.gz exists
+        items = read_jsonl(path if path.exists() else path.with_name(path.name + ".gz"))
+    else:
+        items = [json.loads(line) for line in (PROMPTS / f"{args.split}.jsonl").read_text().splitlines() if line.strip()]
     if args.limit:
         items = items[: args.limit]
     out = Path(args.out)
@@ -78,6 +84,9 @@ def main() -> int:
     t0 = time.time()
     n_done = 0
     for start in range(0, len(todo), args.batch_size):
+        if args.max_minutes and time.time() - t0 > 60 * args.max_minutes:
+            print("time cap reached: stopping (rerun to resume)", flush=True)
+            break
         chunk = todo[start:start + args.batch_size]
         ids = [encode_prompt(tok, it["prompt"]) for it in chunk]
         resp = [[] for _ in chunk]
