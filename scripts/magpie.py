@@ -38,6 +38,8 @@ INSTRUCTION_VERBS = {
 }
 # code and markup fragments, links, chat-template debris
 FRAGMENT = re.compile(r"[{}<>\[\]|\\`#=;_~^*@$]|https?:|www\.|\.com\b|\.py\b|\bdef |\bimport |\breturn |\(\)|\s{3,}")
+ENGLISH = {"the", "a", "an", "of", "to", "in", "is", "are", "what", "how", "can", "you", "i", "my", "me", "for",
+           "and", "with", "do", "does", "why", "which", "who", "please", "your", "it", "that", "this", "on"}
 STOPWORDS = {"a", "an", "the", "of", "to", "in", "on", "for", "and", "or", "is", "are", "what", "how", "me",
              "you", "your", "my", "i", "can", "do", "does", "with", "about", "please", "that", "this", "it"}
 
@@ -51,13 +53,14 @@ def usable(text: str) -> str | None:
     words = text.split()
     if not 4 <= len(words) <= 60 or not 15 <= len(text) <= 400:
         return "length"
-    if sum(c.isascii() for c in text) < 0.98 * len(text) or sum(c.isalpha() for c in text) < 0.7 * len(
-        text.replace(" ", "")
-    ):
-        return "language"
     if FRAGMENT.search(text):
         return "code or markup"
     low = norm_words(text)
+    # English only: plain ASCII, mostly letters, and at least one common English word
+    if not text.isascii() or sum(c.isalpha() for c in text) < 0.7 * len(text.replace(" ", "")) or not (
+        set(low) & ENGLISH
+    ):
+        return "language"
     if len(set(low)) < 0.6 * len(low) or _repeated_ngram(low, 3):
         return "repetition"
     if not text[0].isupper():
@@ -172,7 +175,14 @@ def sample_batch(lm, prefix: list[int], n: int, seed: int, max_new_tokens: int, 
 
 
 def pack(out: Path) -> None:
+    """Write <out>.gz for committing. Rows the current filter rejects (it was tightened after they were
+    drawn) are dropped from both files, so the responses are made for the packed prompts only."""
     rows = read_rows(out)
+    kept = [r for r in rows if usable(r["prompt"]) is None]
+    if len(kept) < len(rows):
+        print(f"dropped {len(rows) - len(kept)} prompts the current filter rejects")
+        rows = kept
+        out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     payload = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
     dest = out.with_name(out.name + ".gz")
     dest.write_bytes(gzip.compress(payload, compresslevel=9, mtime=0))
@@ -215,6 +225,7 @@ def main() -> int:
         kept.add(r["prompt"])
     stats_path = out.with_name(out.stem + ".stats.json")
     stats = json.loads(stats_path.read_text()) if stats_path.exists() else {"samples": 0, "batches": 0, "dropped": {}}
+    next_id = 1 + max((int(r["id"].rsplit("-", 1)[1]) for r in rows), default=-1)  # packing leaves gaps
     lm = load(adapter="none")
     prefix = pre_query_ids(lm.tokenizer)
     t0 = time.time()
@@ -233,7 +244,8 @@ def main() -> int:
                 stats["dropped"][why] = stats["dropped"].get(why, 0) + 1
                 continue
             kept.add(text)
-            new.append({"id": f"magpie-{len(rows) + len(new):05d}", "kind": "magpie", "prompt": text})
+            new.append({"id": f"magpie-{next_id:05d}", "kind": "magpie", "prompt": text})
+            next_id += 1
         with out.open("a") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in new)
         rows += new

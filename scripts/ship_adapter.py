@@ -12,11 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 DEST = ROOT / "assets" / "mars-adapter"
 MAX_MB = 25
 

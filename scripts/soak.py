@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def rss_mb() -> float:
@@ -41,8 +40,13 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("MARS_THREADS", "1")))
-    import app
+    import importlib.util
+
     from mars.app_state import Session
+
+    spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")  # the Space's entry file, not a package
+    app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(app)
 
     prompts = [e["prompt"] for e in json.loads((ROOT / "assets" / "examples.json").read_text())]
     ui = app.create_demo().mars_app

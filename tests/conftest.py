@@ -1,17 +1,19 @@
-"""Shared pytest set-up: the `slow` marker, import paths, thread count, and the models tests share."""
+"""Shared pytest set-up: the `slow` marker, thread count, the models tests share, and small helpers.
 
+Imports: pytest.ini puts the repository root on the path (`app.py` is the Space's entry file, not part of
+the package); `tiny` sits beside this file, which pytest's default import mode puts on the path.
+"""
+
+import importlib.util
 import os
-import sys
+import socket
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-for folder in (ROOT, ROOT / "tests"):
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
+import tiny
 
-import tiny  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
@@ -71,3 +73,28 @@ def ui(lm):
     import app as app_module
 
     return app_module.create_demo(lambda: lm).mars_app
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """Import one of scripts/*.py by file (scripts are command-line tools, not a package)."""
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def free_port():
+    """Returns a function giving a TCP port nobody listens on right now (for test servers)."""
+
+    def pick() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    return pick

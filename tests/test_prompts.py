@@ -107,3 +107,69 @@ def test_build_is_deterministic_and_matches_files(builder, data):
     second = builder.build()
     assert first == second
     assert first == data
+
+
+# --- prompts written by the model itself (scripts/magpie.py) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def magpie():
+    spec = importlib.util.spec_from_file_location("magpie", ROOT / "scripts" / "magpie.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("text, why", [
+    ("What are the advantages of renewable energy over fossil fuels?", None),
+    ("Explain how a rainbow forms, in two sentences.", None),
+    ("I'm planning a trip to Tokyo. Could you help me plan it?", None),
+    ("def reverse(s): return s[::-1]", "code or markup"),
+    ("Write a <b>bold</b> title for my blog post.", "code or markup"),
+    ("See https://example.org for the full list of rules.", "code or markup"),
+    ("Quelle est la capitale de la France? Répondez vite.", "language"),
+    ("Can you list list list list the the the colours of flags?", "repetition"),
+    ("The weather was lovely yesterday in the park.", "asks nothing"),
+    ("Can you help me write a poem about the sea and the", "fragment"),
+    ("and then what happens to the water when it boils?", "fragment"),
+    ("Hi?", "length"),
+])
+def test_magpie_filter_keeps_questions_and_instructions_only(magpie, text, why):
+    assert magpie.usable(text) == why
+
+
+def test_magpie_near_duplicates(magpie):
+    seen = magpie.NearDuplicates()
+    seen.add("What are five ways to save water at home?")
+    assert seen.find("what are five ways to save water at home")  # exact, up to case and punctuation
+    assert seen.find("Can you name five ways to save water at home?")  # the same request, reworded
+    assert not seen.find("What are five ways to save energy in an office?")
+    assert seen.find("?!")  # nothing left after normalising: never a new prompt
+
+
+def _training_prompt_files():
+    """Every committed file training reads prompts from (the .gz where only the packed one is committed)."""
+    files = [PROMPTS / "train.jsonl", ROOT / "data" / "selfdistill" / "train.jsonl.gz"]
+    for path in (PROMPTS / "magpie.jsonl.gz", ROOT / "data" / "selfdistill" / "magpie.jsonl.gz"):
+        if path.exists():
+            files.append(path)
+    return files
+
+
+def test_training_data_never_holds_a_reserved_prompt(magpie):
+    """Held-out prompts, known-answer questions and the app's examples stay out of all training data: no
+    exact copy anywhere, and no near-duplicate among the model-written prompts (the generator drops them)."""
+    from mars.data import read_jsonl
+
+    reserved_texts = magpie.reserved_texts()
+    assert len(reserved_texts) >= 150 + 120 + 12
+    exact = {norm(t) for t in reserved_texts}
+    near = magpie.NearDuplicates()
+    for t in reserved_texts:
+        near.add(t)
+    for path in _training_prompt_files():
+        rows = read_jsonl(path)
+        assert rows, path
+        assert not [r["prompt"] for r in rows if norm(r["prompt"]) in exact], path
+        if "magpie" in path.name:
+            assert not [r["prompt"] for r in rows if near.find(r["prompt"])], path

@@ -60,9 +60,8 @@ def test_ship_writes_card_with_totals_curve_and_refuses_big_weights(tmp_path):
     assert r.returncode != 0 and "25 MB" in r.stderr
 
 
-def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from curve import build
+def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path, load_script):
+    build = load_script("curve").build
 
     def tf(name, n, est):
         p = tmp_path / f"{name}.json"
@@ -89,9 +88,8 @@ def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path):
         build([("e", tf("e", 40, 1.5), 3.0)], {}, previous=rows)
 
 
-def test_shipped_logs_carry_the_whole_chain_when_shipping_over_the_previous_adapter(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from ship_adapter import ship_logs
+def test_shipped_logs_carry_the_whole_chain_when_shipping_over_the_previous_adapter(tmp_path, load_script):
+    ship_logs = load_script("ship_adapter").ship_logs
 
     first = _run(tmp_path / "v0", 10, 60.0)
     second = _run(tmp_path / "v1", 10, 60.0, parent=first)
