@@ -197,7 +197,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from mars.decoding import DecodeConfig, GenerationResult, encode_prompt, generate_ids
+    from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.records import RunRecord
     from mars.loading import load
 
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
@@ -214,19 +215,19 @@ def cmd_generate(args) -> int:
     if any(not p.strip() for p in prompts):
         raise ValueError("empty prompt: give some text to answer")
     ids = [encode_prompt(lm.tokenizer, p, args.system) for p in prompts]
-    results: list[GenerationResult]
+    results: list[RunRecord]
     if args.batch:
         results = generate_ids(lm, ids, cfg)
     else:
         results = [generate_ids(lm, [i], cfg)[0] for i in ids]
     for prompt, res in zip(prompts, results):
         if args.json:
-            print(json.dumps({"prompt": prompt, "mode": cfg.mode, "tau": cfg.tau, "block_size": block, **res.to_dict()}))
+            print(json.dumps({"prompt": prompt, **res.to_dict()}))
         else:
             print(res.text)
             print(
-                f"[{cfg.mode} tau={cfg.tau} B={block}: {len(res.token_ids)} tokens in {res.forwards} forwards, "
-                f"{res.tokens_per_forward:.2f} tokens/forward, {res.seconds:.2f} s]",
+                f"[{cfg.mode} tau={cfg.tau} B={block}: {res.tokens} tokens in {res.passes} passes, "
+                f"{res.tokens_per_pass:.2f} tokens/pass, {res.decode_seconds:.2f} s]",
                 file=sys.stderr,
             )
     return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -40,6 +40,7 @@ import torch
 from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.backends import BACKENDS, make_backend
 from mars.modes import RowPlan, make_mode
+from mars.records import PassRecord, RunRecord
 
 MODES = ("mars", "ar", "verified", "jacobi")
 
@@ -120,64 +121,6 @@ class DecodeControl:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
-
-
-@dataclass
-class PassRecord:
-    """What one forward pass did for one row."""
-
-    row: int
-    pass_index: int  # index of the forward pass in the whole (batched) run
-    token_ids: list[int]  # accepted this pass
-    text: str  # their text
-    confidences: list[float]  # one per accepted token
-    rejected_token_ids: list[int]  # the rest of the proposals, not accepted
-    rejected_confidences: list[float]
-    tau: float
-    seconds: float  # wall time of the pass (shared by all rows of a batch)
-    cache_len: int  # cached columns before the pass
-    input_len: int  # positions per row in this pass's forward input
-    finish_reason: str | None = None  # "eos", "stop", "length", "cancelled" on the row's last pass
-    candidates: list[list[tuple[int, float]]] | None = None  # top-k (id, prob) per proposal
-    drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class GenerationResult:
-    prompt_ids: list[int]
-    token_ids: list[int]  # generated ids only (an EOS that ended the run included)
-    text: str
-    steps: list[PassRecord] = field(default_factory=list)
-    finish_reason: str | None = None
-
-    @property
-    def forwards(self) -> int:
-        return len(self.steps)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        return len(self.token_ids) / max(1, self.forwards)
-
-    @property
-    def seconds(self) -> float:
-        return sum(s.seconds for s in self.steps)
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "forwards": self.forwards,
-            "tokens_per_forward": self.tokens_per_forward,
-            "finish_reason": self.finish_reason,
-            "seconds": self.seconds,
-            "steps": [
-                {k: v for k, v in s.to_dict().items() if k not in ("row",) and (k != "candidates" or v)}
-                for s in self.steps
-            ],
-        }
 
 
 def encode_prompt(tokenizer, prompt: str, system: str | None = None) -> list[int]:
@@ -424,27 +367,22 @@ def stream(lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl 
 
 def generate_ids(
     lm, prompts: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None = None
-) -> list[GenerationResult]:
-    """Decode a batch to completion; one result per prompt, in order."""
-    results = [GenerationResult(prompt_ids=list(p), token_ids=[], text="") for p in prompts]
-    last: dict[int, PassRecord] = {}
+) -> list[RunRecord]:
+    """Decode a batch to completion; one run record per prompt, in order."""
+    runs = [RunRecord(cfg, list(p)) for p in prompts]
     for records in decode_steps(lm, prompts, cfg, control):
         for rec in records:
-            res = results[rec.row]
-            res.steps.append(rec)
-            res.token_ids.extend(rec.token_ids)
-            last[rec.row] = rec
-    for i, res in enumerate(results):
-        res.text = lm.tokenizer.decode(res.token_ids, skip_special_tokens=True)
-        res.finish_reason = last[i].finish_reason if i in last else None
-        if control is not None and control.cancelled and res.finish_reason is None:
-            res.finish_reason = "cancelled"
-    return results
+            runs[rec.row].add(rec)
+    for run in runs:
+        run.text = lm.tokenizer.decode(run.token_ids, skip_special_tokens=True)
+        if control is not None and control.cancelled and run.finish_reason is None:
+            run.finish_reason = "cancelled"
+    return runs
 
 
 def generate(
     lm, prompts: list[str], cfg: DecodeConfig, system: str | None = None, control: DecodeControl | None = None
-) -> list[GenerationResult]:
+) -> list[RunRecord]:
     """Text prompts in (each one user message through the chat template), results out."""
     ids = [encode_prompt(lm.tokenizer, p, system) for p in prompts]
     return generate_ids(lm, ids, cfg, control)

@@ -137,7 +137,7 @@ def test_fast_and_hf_backends_decode_the_same_tokens_tiny(tiny_lm, mode, tau, B)
         fast = generate_ids(tiny_lm, batch, DecodeConfig(**kw, backend="fast"))
         hf = generate_ids(tiny_lm, batch, DecodeConfig(**kw, backend="hf"))
         assert [r.token_ids for r in fast] == [r.token_ids for r in hf]
-        assert [r.forwards for r in fast] == [r.forwards for r in hf]
+        assert [r.passes for r in fast] == [r.passes for r in hf]
 
 
 def test_hf_backend_still_equals_hf_generate(tiny_lm):
