@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mars.decoding import DEFAULT_CACHE_BLOCK
 from mars.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "jacobi")
@@ -32,8 +33,8 @@ class BenchConfig:
     methods: tuple[str, ...] = ("hf", "ar", "mars")
     taus: tuple[float, ...] = (1.0, 0.9, 0.7)
     batch_sizes: tuple[int, ...] = (1,)
-    block_size: int | None = None  # None: the adapter's trained block size, else 4
-    cache_block: int = 32
+    block_size: int | None = None  # None: the model's default (LoadedModel.default_block_size)
+    cache_block: int = DEFAULT_CACHE_BLOCK
     max_new_tokens: int = 64
     lookup_tokens: int = 10  # prompt_lookup_num_tokens for the lookup method
     verify_tau: float = 0.0  # verified mode: drafts below this confidence are not sent (0 = send all)
@@ -185,7 +186,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
     from mars.decoding import encode_prompt
     from mars.quality import mean_nll, prefix_match
 
-    block = cfg.block_size or lm.trained_block_size or 4
+    block = cfg.block_size or lm.default_block_size
     ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]
     runs: list[Run] = []
     if status is not None:
@@ -304,7 +305,7 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | Non
     return {
         "model": lm.name,
         "adapter": lm.adapter,
-        "block_size": cfg.block_size or lm.trained_block_size or 4,
+        "block_size": cfg.block_size or lm.default_block_size,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "max_new_tokens": cfg.max_new_tokens,

@@ -39,21 +39,31 @@ import torch
 
 from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.backends import BACKENDS, make_backend
-from mars.modes import RowPlan, make_mode
+from mars.modes import MODES, VERIFY_GROUPS, RowPlan, make_mode
 from mars.records import PassRecord, RunRecord
 
-MODES = ("mars", "ar", "verified", "jacobi")
+# The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
+# says so with its own named cap and these same checkers, not a second set of rules.
+DEFAULT_BLOCK_SIZE = 4  # B when the model does not say what it was trained with (LoadedModel.default_block_size)
+MAX_BLOCK_SIZE = 64
+DEFAULT_CACHE_BLOCK = 32  # the paper's Bcache at batch 4 and 8; not the authors' block-cached sampler (README)
+MAX_CACHE_BLOCK = 4096
+MAX_NEW_TOKENS = 100_000
+MAX_TOP_K = 100
 
 
 @dataclass
 class DecodeConfig:
+    """One run's settings, checked and normalised here once: every caller (app, CLI, bench, eval) gets
+    the same messages, worded for the person who typed the value."""
+
     mode: str = "mars"  # "mars" (tau rule), "ar" (one token per pass), "verified" (lossless), "jacobi"
-    block_size: int = 4  # B: proposals per pass = the AR token + B-1 mask positions (as trained)
+    block_size: int = DEFAULT_BLOCK_SIZE  # B: proposals per pass = the AR token + B-1 mask positions (as trained)
     tau: float = 0.9  # confidence threshold; a DecodeControl may change it between passes
     confidence: str = "prob"  # "prob" (paper default), "entropy" or "margin"
     max_tokens_per_pass: int | None = None  # optional cap on accepted tokens per pass
     max_new_tokens: int = 128
-    cache_block: int = 32  # batches: rows idle at cache-block ends (paper: 32 at batch 4/8, 16 at 16)
+    cache_block: int = DEFAULT_CACHE_BLOCK  # batches: rows idle at cache-block ends (paper: 32 at batch 4/8, 16 at 16)
     use_cache: bool = True  # False recomputes the whole sequence every pass: the slow reference path
     stop_strings: tuple[str, ...] = ()  # per-row stop, on the decoded text
     temperature: float = 0.0  # 0 = greedy (default); > 0 = seeded sampling
@@ -66,33 +76,71 @@ class DecodeConfig:
     backend: str = "auto"
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        _check_int("block_size", self.block_size, 1, 64)
-        _check_int("max_new_tokens", self.max_new_tokens, 1, 100_000)
-        _check_int("cache_block", self.cache_block, 1, 4096)
-        _check_int("top_k", self.top_k, 0, 100)
+        self.mode = check_choice("mode", self.mode, tuple(MODES))
+        self.block_size = check_int("block size", self.block_size, 1, MAX_BLOCK_SIZE)
+        self.tau = check_tau(self.tau)
+        self.confidence = check_choice("confidence", self.confidence, CONFIDENCE_MEASURES)
         if self.max_tokens_per_pass is not None:
-            _check_int("max_tokens_per_pass", self.max_tokens_per_pass, 1, 64)
-        if not is_finite_number(self.tau) or not 0.0 <= self.tau <= 1.0:
-            raise ValueError(f"tau must be a number in [0, 1], got {self.tau!r}")
-        if self.confidence not in CONFIDENCE_MEASURES:
-            raise ValueError(f"confidence must be one of {CONFIDENCE_MEASURES}, got {self.confidence!r}")
-        if not is_finite_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+            self.max_tokens_per_pass = check_int("max tokens per pass", self.max_tokens_per_pass, 1, MAX_BLOCK_SIZE)
+        self.max_new_tokens = check_int("max new tokens", self.max_new_tokens, 1, MAX_NEW_TOKENS)
+        self.cache_block = check_int("cache block", self.cache_block, 1, MAX_CACHE_BLOCK)
+        if isinstance(self.stop_strings, str):
+            self.stop_strings = (self.stop_strings,)  # one stop string, not its characters
         self.stop_strings = tuple(s for s in self.stop_strings if s)
-        if self.verify_groups not in ("all", "last"):
-            raise ValueError(f"verify_groups must be 'all' or 'last', got {self.verify_groups!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not is_finite_number(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a number of 0 or more, got {_short(self.temperature)}")
+        self.temperature = float(self.temperature)
+        if self.seed is not None:
+            self.seed = check_int("seed", self.seed, 0, 2 ** 63 - 1)
+        self.top_k = check_int("top k", self.top_k, 0, MAX_TOP_K)
+        self.verify_groups = check_choice("verify groups", self.verify_groups, VERIFY_GROUPS)
+        self.backend = check_choice("backend", self.backend, BACKENDS)
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
-            raise ValueError(f"{self.mode} mode reproduces greedy decoding: temperature must be 0")
+            raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")
 
 
+def check_tau(value) -> float:
+    """The one tau check, for a DecodeConfig and for a DecodeControl's live changes alike."""
+    if not is_finite_number(value) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"tau must be a number between 0 and 1, got {_short(value)}")
+    return float(value)
 
-def _check_int(name, value, lo, hi):
+
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """A whole number in [lo, hi]; 4.0 counts as 4 (sliders and JSON clients send floats)."""
+    given = value
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+        raise ValueError(f"{name} must be a whole number between {lo} and {hi}, got {_short(given)}")
+    return value
+
+
+def check_choice(name: str, value, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}, got {_short(value)}")
+    return value
+
+
+def _short(value) -> str:
+    """A value in a message: its repr, cut short (a client can send a megabyte)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def context_needed(prompt_tokens: int, cfg: DecodeConfig) -> int:
+    """Positions a run may use: the prompt, the answer, and a last pass's masks reaching past the answer."""
+    return prompt_tokens + cfg.max_new_tokens + 2 * cfg.block_size
+
+
+def check_context(model, prompt_tokens: int, cfg: DecodeConfig) -> None:
+    """Refuse a run that would not fit the model's context, before any forward pass."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit and context_needed(prompt_tokens, cfg) > limit:
+        raise ValueError(
+            f"the prompt ({prompt_tokens} tokens) plus max new tokens ({cfg.max_new_tokens}) does not fit this "
+            f"model's context of {limit} tokens: shorten the prompt or lower max new tokens"
+        )
 
 
 class DecodeControl:
@@ -102,7 +150,8 @@ class DecodeControl:
     """
 
     def __init__(self, tau: float | None = None):
-        self._tau = tau
+        self._tau = None
+        self.tau = tau  # checked like any later change
         self._cancel = threading.Event()
 
     @property
@@ -111,9 +160,7 @@ class DecodeControl:
 
     @tau.setter
     def tau(self, value: float | None):
-        if value is not None and (not is_finite_number(value) or not 0.0 <= value <= 1.0):
-            raise ValueError(f"tau must be a number in [0, 1], got {value!r}")
-        self._tau = value
+        self._tau = None if value is None else check_tau(value)
 
     def cancel(self):
         self._cancel.set()
@@ -165,11 +212,7 @@ def decode_steps(
         raise ValueError("every prompt needs at least one token")
     mode = make_mode(cfg)
     P = max(len(p) for p in prompts)
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit and P + cfg.max_new_tokens + 2 * cfg.block_size > limit:
-        raise ValueError(
-            f"prompt ({P} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the model's context of {limit}"
-        )
+    check_context(model, P, cfg)
     eos = set(lm.eos_token_ids)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     gen = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else None

@@ -321,3 +321,48 @@ def test_run_record_filled_while_streaming_equals_the_finished_run(tiny_lm):
     both = t + RunTotals.of(done[:1])
     assert (both.runs, both.tokens, both.batch_passes) == (5, t.tokens + done[0].tokens,
                                                            t.batch_passes + done[0].passes)
+
+
+def test_config_is_checked_and_normalised_once_with_one_message_per_setting():
+    from mars.decoding import MAX_BLOCK_SIZE, check_tau, context_needed
+
+    cfg = DecodeConfig(block_size=4.0, tau=1, max_new_tokens=16.0, stop_strings="###")  # as sliders send them
+    assert (cfg.block_size, cfg.tau, cfg.max_new_tokens, cfg.stop_strings) == (4, 1.0, 16, ("###",))
+    assert type(cfg.block_size) is int and type(cfg.tau) is float
+    with pytest.raises(ValueError, match=f"block size must be a whole number between 1 and {MAX_BLOCK_SIZE}, got 65"):
+        DecodeConfig(block_size=65)
+    with pytest.raises(ValueError, match="mode must be one of mars, ar, verified, jacobi, got 'x'"):
+        DecodeConfig(mode="x")
+    with pytest.raises(ValueError, match=r"got 'aaaaa.*\.\.\.$"):
+        DecodeConfig(confidence="a" * 10_000)  # a client's megabyte is not echoed back
+    for bad in (1.5, float("nan"), "0.9", True):  # the live control and the config refuse the same values alike
+        with pytest.raises(ValueError) as from_config:
+            DecodeConfig(tau=bad)
+        with pytest.raises(ValueError) as from_control:
+            DecodeControl(bad)
+        assert str(from_config.value) == str(from_control.value)
+        with pytest.raises(ValueError):
+            check_tau(bad)
+    assert DecodeControl(0.5).tau == 0.5 and DecodeControl().tau is None
+    assert context_needed(10, DecodeConfig(max_new_tokens=20, block_size=4)) == 10 + 20 + 8
+
+
+def test_default_block_size_comes_from_the_model(tiny_lm):
+    from dataclasses import replace
+
+    from mars.decoding import DEFAULT_BLOCK_SIZE
+
+    assert replace(tiny_lm, trained_block_size=None).default_block_size == DEFAULT_BLOCK_SIZE
+    assert replace(tiny_lm, trained_block_size=8).default_block_size == 8
+
+
+def test_cli_choices_come_from_the_registries():
+    from mars.acceptance import CONFIDENCE_MEASURES
+    from mars.backends import BACKENDS
+    from mars.cli import build_parser
+    from mars.modes import MODES
+
+    gen = build_parser()._subparsers._group_actions[0].choices["generate"]
+    choices = {a.dest: a.choices for a in gen._actions if a.choices}
+    assert choices["mode"] == list(MODES) and choices["backend"] == list(BACKENDS)
+    assert choices["confidence"] == list(CONFIDENCE_MEASURES)
