@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from mars.objective import additive_mask
+from mars.masks import additive_mask
 
 BACKENDS = ("auto", "fast", "hf", "fast-bf16")
 

@@ -35,6 +35,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from mars.masks import additive_mask
+
 SUPPORTED_TYPES = ("llama", "qwen2")
 LAYOUTS = ("auto", "packed", "linear")
 
@@ -273,9 +275,7 @@ class FastLM:
         cache.reserve(C + W)
         mask = None  # SDPA's fast case: every query sees every key (AR at batch 1)
         if not bool(allowed.all()):  # additive, built once per pass rather than from a bool mask per layer
-            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            mask = mask[:, None]  # (b, 1, W, C+W)
+            mask = additive_mask(allowed, self.dtype)[:, None]  # (b, 1, W, C+W)
         cos, sin = self._rope(positions)  # (b, W, 1, hd)
         half = hd // 2
         x = F.embedding(ids, self.embed)  # (b, W, D)
