@@ -38,6 +38,7 @@ there is no extra forward per block. Pass counts are therefore not comparable on
 The model runs behind one forward function and one KV store (mars/backends.py): transformers' own
 forward (`backend="hf"`, the reference) or a lean forward with a preallocated cache (mars/fastpath.py).
 """
+
 from __future__ import annotations
 
 import threading
