@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from mars.objective import additive_mask
+from mars.masks import additive_mask
 
 BACKENDS = ("auto", "fast", "hf", "fast-bf16")
 
@@ -93,7 +93,7 @@ def resolve_backend(model, name: str) -> str:
         return "fast" if reason is None and next(model.parameters()).device.type == "cpu" else "hf"
     if reason is not None:
         raise ValueError(f"backend {name!r} cannot run this model: {reason}; use backend 'hf'")
-    return name
+    return name  # a CPU that cannot run fast-bf16 is refused by FastLM itself, the one place that checks
 
 
 def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = True):

@@ -21,6 +21,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mars.decoding import DEFAULT_CACHE_BLOCK
+from mars.records import RunTotals
+
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "jacobi")
 
 
@@ -30,8 +33,8 @@ class BenchConfig:
     methods: tuple[str, ...] = ("hf", "ar", "mars")
     taus: tuple[float, ...] = (1.0, 0.9, 0.7)
     batch_sizes: tuple[int, ...] = (1,)
-    block_size: int | None = None  # None: the adapter's trained block size, else 4
-    cache_block: int = 32
+    block_size: int | None = None  # None: the model's default (LoadedModel.default_block_size)
+    cache_block: int = DEFAULT_CACHE_BLOCK
     max_new_tokens: int = 64
     lookup_tokens: int = 10  # prompt_lookup_num_tokens for the lookup method
     verify_tau: float = 0.0  # verified mode: drafts below this confidence are not sent (0 = send all)
@@ -123,7 +126,7 @@ class _ForwardCounter:
         self.handle.remove()
 
 
-def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0) -> tuple[list[list[int]], int]:
+def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
     import torch
 
     tok, model = lm.tokenizer, lm.model
@@ -144,7 +147,7 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0) -> t
     outs = [_strip(row[P:].tolist(), eos, pad) for row in out]
     # per-row forwards: the counted passes at batch 1; in a batch every row takes one pass per token
     rows = [counter.n] if len(batch) == 1 else [len(o) for o in outs]
-    return outs, rows, None, None
+    return outs, rows, RunTotals(runs=len(outs), tokens=sum(len(o) for o in outs), passes=sum(rows))
 
 
 def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
@@ -154,10 +157,8 @@ def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
     cfg = DecodeConfig(mode="verified" if groups == "last" else mode, tau=1.0 if tau is None else tau,
                        block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
                        verify_groups=groups)
-    results = generate_ids(lm, batch, cfg)
-    widths = {s.pass_index: s.input_len for r in results for s in r.steps}  # one width per batch pass
-    # per-row forwards; and the forward input's positions summed over passes
-    return [r.token_ids for r in results], [r.forwards for r in results], sum(widths.values()), len(widths)
+    runs = generate_ids(lm, batch, cfg)
+    return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
 
 def _plan(cfg: BenchConfig):
@@ -185,7 +186,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
     from mars.decoding import encode_prompt
     from mars.quality import mean_nll, prefix_match
 
-    block = cfg.block_size or lm.trained_block_size or 4
+    block = cfg.block_size or lm.default_block_size
     ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]
     runs: list[Run] = []
     if status is not None:
@@ -204,7 +205,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         outputs = {key: [] for key in plan}
         forwards = {key: [] for key in plan}
         wall = {key: 0.0 for key in plan}
-        width = {key: [0, 0] for key in plan}  # positions fed, passes
+        totals = {key: RunTotals() for key in plan}
         interrupted = False
         try:
             for batch in batches:
@@ -215,13 +216,11 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
                     if progress:
                         progress(*key, bs)
                 # counted only once every method has run this batch, so an interrupted run stays side by side
-                for key, ((outs, rows, positions, passes), seconds) in done.items():
+                for key, ((outs, rows, batch_totals), seconds) in done.items():
                     wall[key] += seconds
                     outputs[key] += outs
                     forwards[key] += rows
-                    if positions is not None:
-                        width[key][0] += positions
-                        width[key][1] += passes
+                    totals[key] += batch_totals
         except KeyboardInterrupt:
             interrupted = True
         if status is not None:
@@ -236,17 +235,15 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         n_done = len(ar)
         for key in plan:
             method, tau = key
-            outs = outputs[key]
-            new = sum(len(o) for o in outs)
-            fwd = sum(forwards[key])
+            outs, t = outputs[key], totals[key]
             nll = [mean_nll(lm, p, o) for p, o in zip(ids, outs) if o]
             runs.append(Run(
-                method, tau, bs, len(outs), new, fwd, new / max(1, fwd), wall[key],
-                new / wall[key], speedup_vs_ar=wall[("ar", None)] / wall[key],
+                method, tau, bs, len(outs), t.tokens, t.passes, t.tokens_per_pass, wall[key],
+                t.tokens / wall[key], speedup_vs_ar=wall[("ar", None)] / wall[key],
                 exact_match_with_ar=sum(a == b for a, b in zip(ar, outs)) / n_done,
                 prefix_match_with_ar=sum(prefix_match(a, b) for a, b in zip(ar, outs)) / n_done,
                 mean_nll_under_ar=sum(nll) / max(1, len(nll)), peak_rss_mb=rss, outputs=outs,
-                input_per_pass=width[key][0] / width[key][1] if width[key][1] else None,
+                input_per_pass=t.input_per_pass,
                 row_forwards=forwards[key], interrupted=interrupted,
             ))
         if interrupted:
@@ -308,7 +305,7 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | Non
     return {
         "model": lm.name,
         "adapter": lm.adapter,
-        "block_size": cfg.block_size or lm.trained_block_size or 4,
+        "block_size": cfg.block_size or lm.default_block_size,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "max_new_tokens": cfg.max_new_tokens,

@@ -21,21 +21,28 @@ def _add_model_args(p: argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # choices come from the registries, so a new mode, backend or measure reaches the CLI by itself
+    from mars.acceptance import CONFIDENCE_MEASURES
+    from mars.backends import BACKENDS
+    from mars.bench import METHODS
+    from mars.decoding import DEFAULT_CACHE_BLOCK
+    from mars.modes import MODES, VERIFY_GROUPS
+
     ap = argparse.ArgumentParser(prog="python -m mars", description="MARS multi-token generation")
     sub = ap.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate answers to prompts")
     g.add_argument("prompts", nargs="+", help="one user message per prompt")
     _add_model_args(g)
-    g.add_argument("--mode", default="mars", choices=["mars", "ar", "verified", "jacobi"])
-    g.add_argument("--verify-groups", default="all", choices=["all", "last"],
+    g.add_argument("--mode", default="mars", choices=list(MODES))
+    g.add_argument("--verify-groups", default="all", choices=list(VERIFY_GROUPS),
                    help="verified mode: a mask group per acceptance outcome (all) or one after all drafts (last)")
     g.add_argument("--tau", type=float, default=0.9)
     g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
     g.add_argument("--max-new-tokens", type=int, default=128)
-    g.add_argument("--confidence", default="prob", choices=["prob", "entropy", "margin"])
+    g.add_argument("--confidence", default="prob", choices=list(CONFIDENCE_MEASURES))
     g.add_argument("--max-tokens-per-pass", type=int, default=None)
-    g.add_argument("--cache-block", type=int, default=32)
+    g.add_argument("--cache-block", type=int, default=DEFAULT_CACHE_BLOCK)
     g.add_argument("--batch", action="store_true", help="decode all prompts as one batch")
     g.add_argument("--no-cache", action="store_true", help="recompute everything every pass (reference path)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -43,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--system", default=None, help="a system message (none is added otherwise)")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt per line")
-    g.add_argument("--backend", default="auto", choices=["auto", "fast", "hf", "fast-bf16"],
+    g.add_argument("--backend", default="auto", choices=list(BACKENDS),
                    help="what runs the model: auto = fast where supported; hf = transformers (reference); "
                         "fast-bf16 = bfloat16 matrices (faster, not exact)")
 
@@ -77,17 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark MARS against AR and peers, side by side in one run")
     b.add_argument("--prompts", required=True, help="one prompt per line, or JSONL with a 'prompt' field")
     _add_model_args(b)
-    b.add_argument("--methods", default="hf,ar,mars", help="comma list of hf,ar,mars,lookup,verified,verified_last,jacobi")
+    b.add_argument("--methods", default="hf,ar,mars", help=f"comma list of {','.join(METHODS)}")
     b.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.9, 0.7])
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     b.add_argument("--block-size", type=int, default=None)
-    b.add_argument("--cache-block", type=int, default=32)
+    b.add_argument("--cache-block", type=int, default=DEFAULT_CACHE_BLOCK)
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--limit", type=int, default=None)
     b.add_argument("--spread", action="store_true",
                    help="with --limit: take prompts evenly spaced through the file (every kind), not the first ones")
     b.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    b.add_argument("--backend", default="auto", choices=["auto", "fast", "hf", "fast-bf16"],
+    b.add_argument("--backend", default="auto", choices=list(BACKENDS),
                    help="what runs the model for the core's methods (ar, mars, verified, jacobi)")
     b.add_argument("--out", default=None, help="write the results as JSON here")
     e = sub.add_parser("eval", help="teacher-forced draft accuracy and decoding quality on held-out data")
@@ -119,7 +126,7 @@ def cmd_eval(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
-    block = args.block_size or lm.trained_block_size or 4
+    block = args.block_size or lm.default_block_size
     records = read_jsonl(args.data)[: args.limit]
     examples = [to_example(r, lm.tokenizer, lm.eos_token_ids[0]) for r in records]
     report = {"model": lm.name, "adapter": lm.adapter, "block_size": block, "examples": len(examples)}
@@ -197,13 +204,14 @@ def cmd_bench(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from mars.decoding import DecodeConfig, GenerationResult, encode_prompt, generate_ids
+    from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.records import RunRecord
     from mars.loading import load
 
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
     for w in lm.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    block = args.block_size or lm.trained_block_size or 4
+    block = args.block_size or lm.default_block_size
     cfg = DecodeConfig(
         mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
@@ -214,19 +222,19 @@ def cmd_generate(args) -> int:
     if any(not p.strip() for p in prompts):
         raise ValueError("empty prompt: give some text to answer")
     ids = [encode_prompt(lm.tokenizer, p, args.system) for p in prompts]
-    results: list[GenerationResult]
+    results: list[RunRecord]
     if args.batch:
         results = generate_ids(lm, ids, cfg)
     else:
         results = [generate_ids(lm, [i], cfg)[0] for i in ids]
     for prompt, res in zip(prompts, results):
         if args.json:
-            print(json.dumps({"prompt": prompt, "mode": cfg.mode, "tau": cfg.tau, "block_size": block, **res.to_dict()}))
+            print(json.dumps({"prompt": prompt, **res.to_dict()}))
         else:
             print(res.text)
             print(
-                f"[{cfg.mode} tau={cfg.tau} B={block}: {len(res.token_ids)} tokens in {res.forwards} forwards, "
-                f"{res.tokens_per_forward:.2f} tokens/forward, {res.seconds:.2f} s]",
+                f"[{cfg.mode} tau={cfg.tau} B={block}: {res.tokens} tokens in {res.passes} passes, "
+                f"{res.tokens_per_pass:.2f} tokens/pass, {res.decode_seconds:.2f} s]",
                 file=sys.stderr,
             )
     return 0

@@ -93,6 +93,7 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
     """
     from mars.decoding import DecodeConfig, generate_ids
     from mars.quality import mean_nll, prefix_match
+    from mars.records import RunTotals
 
     def generate(model, ids, cfg):
         out = []
@@ -113,17 +114,15 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
         res = run(prompts, tau)
         if tau == 1.0:
             ref = res
-        hist = Counter(len(s.token_ids) for r in res for s in r.steps)
-        toks = sum(len(r.token_ids) for r in res)
-        fwd = sum(r.forwards for r in res)
+        t = RunTotals.of(res)  # tokens, passes and the histogram only: batch_passes would mix the batches
         nll_self = [mean_nll(lm, p, r.token_ids) for p, r in zip(prompts, res) if r.token_ids]
         nll_bare = [mean_nll(bare, p, r.token_ids) for p, r in zip(prompts, res) if r.token_ids] if bare else []
         row = {
             "tau": tau,
-            "tokens_per_forward": toks / max(1, fwd),
-            "tokens": toks,
-            "forwards": fwd,
-            "histogram": {k: hist[k] for k in sorted(hist)},
+            "tokens_per_forward": t.tokens_per_pass,
+            "tokens": t.tokens,
+            "forwards": t.passes,
+            "histogram": {k: t.histogram[k] for k in sorted(t.histogram)},
             "exact_match_with_tau1": sum(a.token_ids == b.token_ids for a, b in zip(ref, res)) / len(res),
             "prefix_match_with_tau1": sum(prefix_match(a.token_ids, b.token_ids) for a, b in zip(ref, res)) / len(res),
             "mean_nll_under_ar": sum(nll_self) / max(1, len(nll_self)),

@@ -19,7 +19,9 @@ memory (~540 MB for SmolLM2-135M in float32). `scripts/pass_cost.py` measures al
 Numerics follow transformers' (RMSNorm in float32, the model's rotary table), so logits agree to
 rounding (relative ~1e-5 in float32, ~1e-15 in float64): only the order of sums differs.
 `weight_dtype=torch.bfloat16` stores the matrices in bfloat16 (half the memory traffic, avx512_bf16
-matmuls): it changes the numerics, so it is opt-in and never the default.
+matmuls): it changes the numerics, so it is opt-in and never the default. oneDNN runs bfloat16 only on
+CPUs with AVX-512 (bw, vl, dq) or AVX-NE-CONVERT; elsewhere (an AVX2-only AMD EPYC, say) asking for it
+is refused up front with `bf16_unsupported_reason`'s message instead of failing inside oneDNN.
 
 The KV cache (`KVCache`) has the decoder's verbs: `length`, `truncate(n)` (drop every column >= n:
 masks and rejected drafts are simply overwritten by the next pass) and `select(rows)`.
@@ -32,6 +34,8 @@ import weakref
 
 import torch
 import torch.nn.functional as F
+
+from mars.masks import additive_mask
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 LAYOUTS = ("auto", "packed", "linear")
@@ -60,6 +64,38 @@ def unsupported_reason(model) -> str | None:
                                                  for m in layer.modules()):
         return "layers that are not plain Linear modules"
     return None
+
+
+# oneDNN's own test before any bfloat16 matmul (mkldnn_bf16_device_check): one of these sets of CPU flags
+ONEDNN_BF16_FLAGS = ({"avx_ne_convert"}, {"avx512bw", "avx512vl", "avx512dq"})
+
+
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from /proc/cpuinfo; None where that file does not exist (not Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def bf16_unsupported_reason(flags: set[str] | None = None) -> str | None:
+    """None when oneDNN can run bfloat16 matrices on this CPU, else a message saying why not and what to use.
+
+    `flags` defaults to this CPU's (`cpu_flags`); tests pass other sets to check both answers anywhere.
+    """
+    flags = cpu_flags() if flags is None else flags
+    if flags is None:  # no /proc/cpuinfo: ask PyTorch, which runs the same check
+        ok = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    else:
+        ok = torch.backends.mkldnn.is_available() and any(need <= flags for need in ONEDNN_BF16_FLAGS)
+    if ok:
+        return None
+    return ("bfloat16 matrices need a CPU with AVX-512 (avx512bw, avx512vl, avx512dq) or AVX-NE-CONVERT, "
+            "and this one has neither (AVX2 only?): use backend 'fast' (float32, exact) instead of 'fast-bf16'")
 
 
 SMALL_ROWS = 2  # passes of up to this many rows (batch x width) use the model's own matrices
@@ -182,6 +218,10 @@ class FastLM:
             raise ValueError(f"the fast path does not support this model: {reason}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if weight_dtype == torch.bfloat16 and next(model.parameters()).device.type == "cpu":
+            reason = bf16_unsupported_reason()
+            if reason:  # refuse here, not with oneDNN's error from deep inside the first matmul
+                raise ValueError(reason)
         cfg = model.config
         inner = model.model
         self.dtype = next(model.parameters()).dtype  # activations and KV cache
@@ -235,9 +275,7 @@ class FastLM:
         cache.reserve(C + W)
         mask = None  # SDPA's fast case: every query sees every key (AR at batch 1)
         if not bool(allowed.all()):  # additive, built once per pass rather than from a bool mask per layer
-            mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            mask = mask[:, None]  # (b, 1, W, C+W)
+            mask = additive_mask(allowed, self.dtype)[:, None]  # (b, 1, W, C+W)
         cos, sin = self._rope(positions)  # (b, W, 1, hd)
         half = hd // 2
         x = F.embedding(ids, self.embed)  # (b, W, D)

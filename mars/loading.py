@@ -52,6 +52,13 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)
 
     @property
+    def default_block_size(self) -> int:
+        """B for a run that does not choose one: as trained, else the library's default."""
+        from mars.decoding import DEFAULT_BLOCK_SIZE
+
+        return self.trained_block_size or DEFAULT_BLOCK_SIZE
+
+    @property
     def eos_token_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id
         if ids is None:

@@ -123,11 +123,11 @@ class JacobiMode:
         return Outcome(pred[: m + 1], conf[: m + 1], g[m:], [], verified_extra=m, proposal_logits=main)
 
 
+MODES = {m.name: m for m in (MarsMode, ARMode, VerifiedMode, JacobiMode)}  # the registry: DecodeConfig, CLI
+VERIFY_GROUPS = ("all", "last")
+
+
 def make_mode(cfg):
-    if cfg.mode == "ar":
-        return ARMode()
-    if cfg.mode == "mars":
-        return MarsMode()
     if cfg.mode == "verified":
         return VerifiedMode(cfg.verify_groups)
-    return JacobiMode()
+    return MODES[cfg.mode]()

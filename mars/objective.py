@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mars.masks import additive_mask
+
 
 def mars_attention_mask(length: int, block_size: int, noisy_start: int = 0) -> torch.Tensor:
     """Boolean (L + L - s, L + L - s) mask for one sequence laid out as [clean 0..L-1 | noisy s..L-1].
@@ -41,15 +43,6 @@ def mars_attention_mask(length: int, block_size: int, noisy_start: int = 0) -> t
     top = torch.cat([clean_clean, clean_noisy], dim=1)
     bottom = torch.cat([noisy_clean, noisy_noisy], dim=1)
     return torch.cat([top, bottom], dim=0)
-
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool (..., q, k) -> float mask: 0 where allowed, the dtype's minimum elsewhere.
-
-    An additive float mask means the same thing to transformers' eager and SDPA attention alike.
-    """
-    out = torch.zeros(allowed.shape, dtype=dtype)
-    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 @dataclass

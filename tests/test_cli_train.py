@@ -36,8 +36,9 @@ def test_cli_generate_json_equals_hf_greedy_on_a_local_random_llama(tiny_dir):
         assert len(lines) == 2
         for p, obj in zip(prompts, lines):
             assert obj["token_ids"] == hf_greedy(lm, encode_prompt(lm.tokenizer, p), 24)
-            assert obj["forwards"] == len(obj["steps"]) and obj["tokens_per_forward"] == pytest.approx(
-                len(obj["token_ids"]) / obj["forwards"])
+            assert obj["passes"] == len(obj["steps"]) and obj["tokens_per_pass"] == pytest.approx(
+                len(obj["token_ids"]) / obj["passes"])
+            assert obj["tokens"] == len(obj["token_ids"]) and obj["config"]["max_new_tokens"] == 24
             step = obj["steps"][0]
             assert {"token_ids", "text", "confidences", "rejected_token_ids", "rejected_confidences", "tau",
                     "seconds"} <= set(step)

@@ -70,7 +70,7 @@ def test_tau1_mars_equals_ar_equals_hf_generate(arch, tiny_lm, tiny_qwen):
 def test_ar_mode_forwards_equal_tokens(tiny_lm):
     for ids in encode_all(tiny_lm):
         res = generate_ids(tiny_lm, [ids], DecodeConfig(mode="ar", max_new_tokens=25))[0]
-        assert res.forwards == len(res.token_ids)
+        assert res.passes == len(res.token_ids)
         assert all(len(s.token_ids) == 1 and s.rejected_token_ids == [] for s in res.steps)
 
 
@@ -95,7 +95,7 @@ def test_batch_equals_each_prompt_alone(tiny_lm, mode, tau, B, cache_block):
     for p, res in zip(ids, batch):
         alone = generate_ids(tiny_lm, [p], cfg)[0]
         assert res.token_ids == alone.token_ids
-        assert res.forwards == alone.forwards
+        assert res.passes == alone.passes
     unc = generate_ids(tiny_lm, ids, DecodeConfig(mode=mode, tau=tau, block_size=B, max_new_tokens=40, use_cache=False))
     assert [r.token_ids for r in unc] == [r.token_ids for r in batch]
 
@@ -114,8 +114,8 @@ def test_low_tau_takes_fewer_passes(tiny_lm):
     ids = encode_all(tiny_lm)[3]
     hi = generate_ids(tiny_lm, [ids], DecodeConfig(tau=1.0, max_new_tokens=40))[0]
     lo = generate_ids(tiny_lm, [ids], DecodeConfig(tau=0.0, max_new_tokens=40))[0]
-    assert lo.forwards < hi.forwards
-    assert lo.tokens_per_forward > 1.5
+    assert lo.passes < hi.passes
+    assert lo.tokens_per_pass > 1.5
 
 
 def test_live_tau_change_reaches_the_next_pass(tiny_lm):
@@ -258,7 +258,7 @@ def test_batch_stays_exact_when_rows_run_ahead_by_verified_extras(tiny_lm, monke
     cfg = DecodeConfig(mode="jacobi", block_size=4, max_new_tokens=40, cache_block=cache_block)
     batch = generate_ids(tiny_lm, ids, cfg)
     assert [r.token_ids for r in batch] == ar
-    assert sum(r.forwards for r in batch) < sum(len(t) for t in ar)  # the oracle did run rows ahead
+    assert sum(r.passes for r in batch) < sum(len(t) for t in ar)  # the oracle did run rows ahead
 
 
 @pytest.mark.parametrize("mode,B,groups,tau", [("verified", 4, "all", 0.0), ("verified", 4, "last", 0.0),
@@ -280,7 +280,7 @@ def test_lossless_modes_reproduce_ar_greedy_alone_batched_and_uncached(tiny_lm, 
 def test_verified_mode_accepts_matching_drafts(tiny_lm):
     ids = encode_all(tiny_lm)
     runs = [generate_ids(tiny_lm, [p], DecodeConfig(mode="verified", tau=0.0, max_new_tokens=50))[0] for p in ids]
-    assert max(r.tokens_per_forward for r in runs) > 1.0  # some drafts of this seeded model match AR
+    assert max(r.tokens_per_pass for r in runs) > 1.0  # some drafts of this seeded model match AR
     # drafts that were sent and failed show up as rejected tokens
     assert any(s.rejected_token_ids for r in runs for s in r.steps)
 
@@ -288,7 +288,7 @@ def test_verified_mode_accepts_matching_drafts(tiny_lm):
 def test_verified_tau_one_sends_no_drafts(tiny_lm):
     ids = encode_all(tiny_lm)[0]
     res = generate_ids(tiny_lm, [ids], DecodeConfig(mode="verified", tau=1.0, max_new_tokens=20))[0]
-    assert all(s.drafts_sent == 0 for s in res.steps) and res.forwards == len(res.token_ids)
+    assert all(s.drafts_sent == 0 for s in res.steps) and res.passes == len(res.token_ids)
 
 
 def test_default_model_verified_equals_ar(default_lm):
@@ -296,3 +296,73 @@ def test_default_model_verified_equals_ar(default_lm):
         ids = encode_prompt(default_lm.tokenizer, p)
         ar = generate_ids(default_lm, [ids], DecodeConfig(mode="ar", max_new_tokens=32))[0].token_ids
         assert generate_ids(default_lm, [ids], DecodeConfig(mode="verified", tau=0.0, max_new_tokens=32))[0].token_ids == ar
+
+
+def test_run_record_filled_while_streaming_equals_the_finished_run(tiny_lm):
+    from mars.records import RunRecord, RunTotals
+
+    ids = encode_all(tiny_lm)
+    cfg = DecodeConfig(tau=0.5, block_size=4, max_new_tokens=20, cache_block=8)
+    done = generate_ids(tiny_lm, ids, cfg)
+    live = [RunRecord(cfg, p) for p in ids]
+    for records in decode_steps(tiny_lm, ids, cfg):
+        for rec in records:
+            live[rec.row].add([rec])
+        assert all(r.passes == len(r.steps) and r.tokens == len(r.token_ids) for r in live)  # readable mid-run
+    for a, b in zip(live, done):
+        assert (a.token_ids, a.passes, a.finish_reason) == (b.token_ids, b.passes, b.finish_reason)
+        assert a.tokens_per_pass == a.tokens / a.passes and a.config is cfg
+        d = b.to_dict()
+        assert d["passes"] == len(d["steps"]) and d["config"]["tau"] == 0.5 and "row" not in d["steps"][0]
+    t = RunTotals.of(done)
+    assert t.tokens == sum(len(r.token_ids) for r in done) and t.passes == sum(len(r.steps) for r in done)
+    assert sum(k * n for k, n in t.histogram.items()) == t.tokens and sum(t.histogram.values()) == t.passes
+    assert t.batch_passes == len({s.pass_index for r in done for s in r.steps}) <= t.passes
+    both = t + RunTotals.of(done[:1])
+    assert (both.runs, both.tokens, both.batch_passes) == (5, t.tokens + done[0].tokens,
+                                                           t.batch_passes + done[0].passes)
+
+
+def test_config_is_checked_and_normalised_once_with_one_message_per_setting():
+    from mars.decoding import MAX_BLOCK_SIZE, check_tau, context_needed
+
+    cfg = DecodeConfig(block_size=4.0, tau=1, max_new_tokens=16.0, stop_strings="###")  # as sliders send them
+    assert (cfg.block_size, cfg.tau, cfg.max_new_tokens, cfg.stop_strings) == (4, 1.0, 16, ("###",))
+    assert type(cfg.block_size) is int and type(cfg.tau) is float
+    with pytest.raises(ValueError, match=f"block size must be a whole number between 1 and {MAX_BLOCK_SIZE}, got 65"):
+        DecodeConfig(block_size=65)
+    with pytest.raises(ValueError, match="mode must be one of mars, ar, verified, jacobi, got 'x'"):
+        DecodeConfig(mode="x")
+    with pytest.raises(ValueError, match=r"got 'aaaaa.*\.\.\.$"):
+        DecodeConfig(confidence="a" * 10_000)  # a client's megabyte is not echoed back
+    for bad in (1.5, float("nan"), "0.9", True):  # the live control and the config refuse the same values alike
+        with pytest.raises(ValueError) as from_config:
+            DecodeConfig(tau=bad)
+        with pytest.raises(ValueError) as from_control:
+            DecodeControl(bad)
+        assert str(from_config.value) == str(from_control.value)
+        with pytest.raises(ValueError):
+            check_tau(bad)
+    assert DecodeControl(0.5).tau == 0.5 and DecodeControl().tau is None
+    assert context_needed(10, DecodeConfig(max_new_tokens=20, block_size=4)) == 10 + 20 + 8
+
+
+def test_default_block_size_comes_from_the_model(tiny_lm):
+    from dataclasses import replace
+
+    from mars.decoding import DEFAULT_BLOCK_SIZE
+
+    assert replace(tiny_lm, trained_block_size=None).default_block_size == DEFAULT_BLOCK_SIZE
+    assert replace(tiny_lm, trained_block_size=8).default_block_size == 8
+
+
+def test_cli_choices_come_from_the_registries():
+    from mars.acceptance import CONFIDENCE_MEASURES
+    from mars.backends import BACKENDS
+    from mars.cli import build_parser
+    from mars.modes import MODES
+
+    gen = build_parser()._subparsers._group_actions[0].choices["generate"]
+    choices = {a.dest: a.choices for a in gen._actions if a.choices}
+    assert choices["mode"] == list(MODES) and choices["backend"] == list(BACKENDS)
+    assert choices["confidence"] == list(CONFIDENCE_MEASURES)

@@ -7,6 +7,7 @@ import torch
 
 import tiny
 from mars.backends import FastBackend, HFBackend, resolve_backend
+from mars import fastpath
 from mars.decoding import DecodeConfig, encode_prompt, generate_ids
 from mars.fastpath import KVCache, fast_model, unsupported_reason
 
@@ -78,10 +79,38 @@ def test_fast_logits_equal_hf_default_model(default_lm):
 
 
 def test_bf16_weights_are_close_not_exact():
+    """Where this CPU runs oneDNN bfloat16: close, not exact. Where it does not (AVX2 only): a clear refusal."""
     lm = tiny.make_loaded("llama", dtype=torch.float32)
+    reason = fastpath.bf16_unsupported_reason()
+    if reason is not None:
+        with pytest.raises(ValueError, match="AVX-512"):
+            _compare(lm, rtol=1.0, atol=1.0, weight_dtype=torch.bfloat16)
+        return
     fast, ref = _compare(lm, rtol=1.0, atol=1.0, weight_dtype=torch.bfloat16)
     err = max((a - b).abs().max().item() for a, b in zip(fast, ref))
     assert 0 < err < 0.2  # bfloat16 matrices change the numerics: opt-in only
+
+
+AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}  # e.g. an AMD EPYC before Zen 4
+
+
+def test_bf16_support_follows_the_cpu_flags():
+    assert fastpath.bf16_unsupported_reason(AVX2_ONLY | {"avx512f"}) is not None  # avx512f alone is not enough
+    assert "fast" in fastpath.bf16_unsupported_reason(AVX2_ONLY)  # the message names what to use instead
+    assert fastpath.bf16_unsupported_reason(AVX2_ONLY | {"avx512bw", "avx512vl", "avx512dq"}) is None
+    assert fastpath.bf16_unsupported_reason(AVX2_ONLY | {"avx_ne_convert"}) is None
+
+
+def test_fast_bf16_is_refused_on_an_avx2_only_cpu(monkeypatch):
+    """The refusal path, exercised on any machine by pretending the CPU has AVX2 only."""
+    monkeypatch.setattr(fastpath, "cpu_flags", lambda: set(AVX2_ONLY))
+    lm = tiny.make_loaded("llama", seed=7, dtype=torch.float32)
+    ids = [encode_prompt(lm.tokenizer, PROMPTS[0])]
+    with pytest.raises(ValueError, match="use backend 'fast'"):
+        generate_ids(lm, ids, DecodeConfig(mode="ar", max_new_tokens=4, backend="fast-bf16"))
+    # the exact backends are untouched by the CPU's bfloat16 support
+    fast = generate_ids(lm, ids, DecodeConfig(mode="ar", max_new_tokens=4, backend="fast"))[0]
+    assert 1 <= len(fast.token_ids) <= 4
 
 
 def test_kv_cache_truncate_select_reserve():
@@ -108,7 +137,7 @@ def test_fast_and_hf_backends_decode_the_same_tokens_tiny(tiny_lm, mode, tau, B)
         fast = generate_ids(tiny_lm, batch, DecodeConfig(**kw, backend="fast"))
         hf = generate_ids(tiny_lm, batch, DecodeConfig(**kw, backend="hf"))
         assert [r.token_ids for r in fast] == [r.token_ids for r in hf]
-        assert [r.forwards for r in fast] == [r.forwards for r in hf]
+        assert [r.passes for r in fast] == [r.passes for r in hf]
 
 
 def test_hf_backend_still_equals_hf_generate(tiny_lm):

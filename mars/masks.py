@@ -1,0 +1,65 @@
+"""Every attention mask of the project, as pure functions of sizes: True = the query (row) may attend to
+the key (column).
+
+  training   `mars.objective.mars_attention_mask(L, B, noisy_start)`: the [clean | noisy] mask of one
+             training sequence (METHOD.md's four rules). It still lives in objective.py while the training
+             layout is being reworked there; it moves here with the package layout.
+  inference  `window_mask`: one row's part of a decoding pass (its uncached real tokens, drafts fed as
+             real tokens, groups of masks); `pass_mask`: the rows' windows behind their cached columns.
+  additive   `additive_mask`: a boolean mask as the float mask attention adds to its scores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def window_mask(n_pad: int, n_real: int, n_extra: int, groups: list[tuple[int, int]]) -> torch.Tensor:
+    """(n, n) bool mask of one row's window, laid out as
+        [n_pad padding | n_real real tokens | n_extra extras | group 0's masks | group 1's masks | ...]
+    with n = n_pad + n_real + n_extra + the groups' sizes.
+
+    Main chain (padding, real tokens, extras): causal, as an ordinary sequence; padding is never a key.
+    Mask group (j, m): m masks placed right after extra j; each sees the real tokens, the first j extras
+    and the group's earlier masks (causal inside the group, as in training), nothing else.
+    A padding query sees nothing here; `pass_mask` lets it see itself.
+    """
+    n_main = n_pad + n_real + n_extra
+    size = n_main + sum(m for _, m in groups)
+    idx = torch.arange(size)
+    is_main = idx < n_main
+    is_key = is_main & (idx >= n_pad)
+    allowed = (idx[None, :] <= idx[:, None]) & is_main[:, None] & is_key[None, :]
+    first = n_main
+    for j, m in groups:
+        g = torch.arange(first, first + m)
+        seen = n_pad + n_real + j  # window columns before extra j
+        allowed[g[:, None], torch.arange(seen)[None, :]] = is_key[:seen][None, :]
+        allowed[g[:, None], g[None, :]] = g[None, :] <= g[:, None]
+        first += m
+    return allowed
+
+
+def pass_mask(cached_keys: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """The mask of one forward pass: (b, W, C + W) bool from the C cached columns and the W window columns.
+
+    cached_keys: (b, C) bool, False for left padding (every window input sees every cached real token).
+    local: (b, W, W) bool, the rows' `window_mask`s padded to W.
+    Every query also sees itself, so the right padding of a short window (and left padding) has a key:
+    a query that sees nothing would give NaN, and NaN spreads.
+    """
+    b, W, _ = local.shape
+    C = cached_keys.shape[1]
+    allowed = torch.cat([cached_keys[:, None, :].expand(b, W, C), local], dim=2)
+    allowed[:, torch.arange(W), C + torch.arange(W)] = True
+    return allowed
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (..., q, k) -> float mask on the same device: 0 where allowed, the dtype's minimum elsewhere.
+
+    An additive float mask means the same thing to transformers' eager and SDPA attention alike, and the
+    fast path builds it once per pass instead of once per layer.
+    """
+    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)

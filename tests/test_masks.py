@@ -1,0 +1,86 @@
+"""Every mask against a matrix written by hand (the training mask's own test is in test_objective.py), and
+the cache state's commit rule on a stub backend."""
+
+import torch
+
+import tiny
+from mars.cache import BlockCache
+from mars.masks import additive_mask, pass_mask, window_mask
+
+
+def rows(*lines: str) -> torch.Tensor:
+    return torch.tensor([[c == "1" for c in line] for line in lines])
+
+
+def test_window_mask_equals_hand_written_matrix():
+    # [pad | r1 r2 | e0 e1 | group (0, 2): m m | group (2, 1): m]
+    got = window_mask(n_pad=1, n_real=2, n_extra=2, groups=[(0, 2), (2, 1)])
+    want = rows(
+        "00000000",  # padding: no key (pass_mask lets it see itself)
+        "01000000",  # r1
+        "01100000",  # r2
+        "01110000",  # e0: an extra is an ordinary causal input
+        "01111000",  # e1
+        "01100100",  # group 0 sees the real tokens only, then causal inside the group
+        "01100110",
+        "01111001",  # group 2 sees the real tokens and both extras, and itself
+    )
+    assert torch.equal(got, want)
+
+
+def test_mars_window_is_a_causal_block_of_masks_behind_the_real_tokens():
+    # batch 1, MARS at B = 4: the last real token then B - 1 masks, as a noisy block in training
+    got = window_mask(0, 2, 0, [(0, 3)])
+    assert torch.equal(got, rows("10000", "11000", "11100", "11110", "11111"))
+
+
+def test_pass_mask_puts_cached_keys_first_and_lets_every_query_see_itself():
+    cached = torch.tensor([[False, True], [True, True]])  # row 0 has one column of left padding
+    local = torch.zeros(2, 2, 2, dtype=torch.bool)
+    local[0] = rows("10", "00")  # one real input, then right padding
+    local[1] = rows("10", "11")
+    got = pass_mask(cached, local)
+    assert torch.equal(got[0], rows("0110", "0101"))
+    assert torch.equal(got[1], rows("1110", "1111"))
+
+
+def test_additive_mask():
+    m = additive_mask(rows("10", "11"), torch.float32)
+    assert m.dtype == torch.float32 and m[0, 0] == 0 and m[1, 1] == 0
+    assert m[0, 1] == torch.finfo(torch.float32).min
+
+
+class _StubRunner:
+    def __init__(self):
+        self.calls = []
+
+    def truncate(self, n):
+        self.calls.append(("truncate", n))
+
+    def select(self, rows):
+        self.calls.append(("select", rows))
+
+
+def _cache(use_cache=True):
+    lm = tiny.make_loaded("llama", seed=8)
+    cache = BlockCache(lm.model, "hf", prompt_len=5, pads=[0, 2], capacity=32, cache_block=4, use_cache=use_cache)
+    cache.runner = _StubRunner()
+    return cache
+
+
+def test_cache_commits_what_every_row_computed_from_real_inputs():
+    cache = _cache()
+    assert cache.next_block([5, 5]) == 9 and cache.next_block([9, 12]) == 13  # moves once every row is there
+    cache.commit(valid=[7, 9], frontiers=[8, 9])  # row 0's KV is real up to column 7, its last token is at 7
+    assert cache.length == 7 and cache.runner.calls == [("truncate", 7)]
+    assert cache.key_ok.tolist() == [[True] * 7, [False, False] + [True] * 5]  # left padding is never a key
+    cache.commit(valid=[10, 9], frontiers=[11, 9])  # row 1 keeps its last token (column 8) to feed next pass
+    assert cache.length == 8
+    cache.select([1])
+    assert cache.pads == [2] and cache.key_ok.shape == (1, 8) and cache.runner.calls[-1] == ("select", [1])
+
+
+def test_uncached_runs_commit_nothing():
+    cache = _cache(use_cache=False)
+    cache.commit(valid=[7, 9], frontiers=[8, 9])
+    assert cache.length == 0 and cache.runner.calls == [("truncate", 0)]
