@@ -67,7 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--grad-accum", type=int, default=4)
     t.add_argument("--max-length", type=int, default=512)
     t.add_argument("--keep-prompt-noisy", action="store_true", help="also feed noisy copies of prompt blocks")
-    t.add_argument("--skip-last-slot", action="store_true")
+    t.add_argument("--skip-last-slot", action="store_true",
+                   help="no loss on the last noisy slot of a block (distance B+1: the decoder never uses it)")
+    t.add_argument("--loss-weighting", default="token", choices=["token", "sequence"],
+                   help="token: each stream's CE averaged over all its scored tokens (default); sequence: the "
+                        "authors' weighting, averaged per sequence, then over the batch")
+    t.add_argument("--shift-blocks", action="store_true",
+                   help="each time an example is drawn, its noisy block grid starts at a random offset in [0, B)")
+    t.add_argument("--noisy-copies", type=int, default=1,
+                   help="noisy copies per clean copy, each on its own block grid (distinct offsets: the first "
+                        "stays at 0 unless --shift-blocks); more mask targets per clean forward")
     t.add_argument("--distill", type=float, default=0.0,
                    help="weight of a KL term keeping the clean copy close to the bare model (LoRA only)")
     t.add_argument("--save-every", type=int, default=25)
@@ -241,7 +250,8 @@ def cmd_train(args) -> int:
         lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
         max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
-        skip_last_slot=args.skip_last_slot, distill=args.distill, save_every=args.save_every, seed=args.seed,
+        skip_last_slot=args.skip_last_slot, loss_weighting=args.loss_weighting, shift_blocks=args.shift_blocks,
+        noisy_copies=args.noisy_copies, distill=args.distill, save_every=args.save_every, seed=args.seed,
         threads=args.threads, dtype=args.dtype,
     )
     state = train(cfg)

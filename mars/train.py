@@ -47,6 +47,9 @@ class TrainConfig:
     max_length: int = 512  # clean tokens per sequence (the forward sees up to 2x this)
     drop_prompt_noisy: bool = True  # noisy copies of whole prompt blocks carry no loss: skip them
     skip_last_slot: bool = False  # drop the loss of the last noisy slot per block (inference never uses it)
+    loss_weighting: str = "token"  # "token": mean over all scored tokens; "sequence": the authors' (per sequence, then batch)
+    shift_blocks: bool = False  # each draw of an example puts its noisy block grid at a random offset in [0, B)
+    noisy_copies: int = 1  # noisy copies per clean copy, each on its own block grid (distinct offsets)
     distill: float = 0.0  # weight of KL(bare model || model) on the clean copy (LoRA: the bare model is the
     #                       base with the adapter switched off, one extra clean forward per micro-batch)
     save_every: int = 25  # optimizer steps between checkpoints
@@ -62,6 +65,10 @@ class TrainConfig:
             raise ValueError(f"distill must be >= 0, got {self.distill}")
         if self.distill and self.method != "lora":
             raise ValueError("--distill needs --method lora: the bare model is the base with the adapter off")
+        if self.loss_weighting not in ("token", "sequence"):
+            raise ValueError(f"loss_weighting must be 'token' or 'sequence', got {self.loss_weighting!r}")
+        if not 1 <= self.noisy_copies <= self.block_size:
+            raise ValueError(f"noisy_copies must be in [1, block_size={self.block_size}], got {self.noisy_copies}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ValueError(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
         for name in ("block_size", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
@@ -91,7 +98,7 @@ def train(cfg: TrainConfig) -> dict:
 
     from mars.data import load_examples
     from mars.loading import load
-    from mars.objective import build_batch, clean_forward, distill_loss, forward_batch, mars_loss
+    from mars.objective import build_batch, clean_forward, distill_loss, draw_offsets, forward_batch, mars_loss
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -131,14 +138,22 @@ def train(cfg: TrainConfig) -> dict:
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
 
+    grids = cfg.shift_blocks or cfg.noisy_copies > 1
+
     def collate(batch):
+        offsets = None
+        if grids:  # items are (index, example): offsets are a function of (seed, epoch, index)
+            offsets = [draw_offsets(cfg.seed, state["epoch"], i, cfg.block_size, cfg.noisy_copies, cfg.shift_blocks)
+                       for i, _ in batch]
+            batch = [ex for _, ex in batch]
         return build_batch(
             batch, cfg.block_size, lm.mask_token_id, eos_id, cfg.max_length,
-            cfg.drop_prompt_noisy, cfg.skip_last_slot,
+            cfg.drop_prompt_noisy, cfg.skip_last_slot, offsets=offsets,
         )
 
     gen = torch.Generator().manual_seed(cfg.seed)
-    loader = torch.utils.data.DataLoader(examples, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=gen)
+    dataset = list(enumerate(examples)) if grids else examples  # the sampler's order depends on the length only
+    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=gen)
     steps_per_epoch = math.ceil(len(loader) / (cfg.grad_accum * acc.num_processes))
     total = cfg.max_steps or max(1, int(steps_per_epoch * cfg.epochs))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -171,7 +186,7 @@ def train(cfg: TrainConfig) -> dict:
         for batch in epoch_loader:
             with acc.accumulate(model):
                 logits = forward_batch(model, batch)
-                losses = mars_loss(logits, batch)
+                losses = mars_loss(logits, batch, per_sequence=cfg.loss_weighting == "sequence")
                 if cfg.distill:
                     with torch.no_grad(), acc.unwrap_model(model).disable_adapter():
                         teacher = clean_forward(model, batch)

@@ -176,3 +176,30 @@ def test_eval_default_data_files_are_in_the_repo():
     args = build_parser().parse_args(["eval"])
     for path in (args.data, args.known):
         assert (ROOT / path).is_file(), path
+
+
+def test_train_with_shifted_grids_two_noisy_copies_and_sequence_weighting(tiny_dir, tmp_path):
+    """Issue 13 items 2-3 as options: the run trains, records them, and resumes to the straight run's
+    weights (the offsets are a function of seed, epoch and example index, not of how far the run got)."""
+    data = _data(tmp_path / "d.jsonl")
+    extra = ("--shift-blocks", "--noisy-copies", "2", "--loss-weighting", "sequence", "--block-size", "3")
+    straight = run_cli(*train_args(tiny_dir, data, tmp_path / "s", 4, *extra))
+    assert straight.returncode == 0, straight.stderr
+    first = run_cli(*train_args(tiny_dir, data, tmp_path / "r", 2, *extra))
+    assert first.returncode == 0, first.stderr
+    resumed = run_cli(*train_args(tiny_dir, data, tmp_path / "r", 4, *extra))
+    assert resumed.returncode == 0 and "resuming" in resumed.stdout + resumed.stderr
+    from safetensors.torch import load_file
+
+    wa = load_file(tmp_path / "s" / "adapter_model.safetensors")
+    wb = load_file(tmp_path / "r" / "adapter_model.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    rec = json.loads((tmp_path / "s" / "mars.json").read_text())["recipe"]
+    assert rec["shift_blocks"] is True and rec["noisy_copies"] == 2 and rec["loss_weighting"] == "sequence"
+    plain = run_cli(*train_args(tiny_dir, data, tmp_path / "p", 1, "--block-size", "3"))
+    assert plain.returncode == 0
+    log_s = json.loads((tmp_path / "s" / "log.jsonl").read_text().splitlines()[0])
+    log_p = json.loads((tmp_path / "p" / "log.jsonl").read_text().splitlines()[0])
+    assert log_s["noisy"] != log_p["noisy"]  # same weights at step 1's start, other targets and weighting
+    bad = run_cli(*train_args(tiny_dir, data, tmp_path / "x", 1, "--noisy-copies", "5"))
+    assert bad.returncode == 2 and "noisy_copies" in bad.stderr
