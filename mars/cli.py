@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--distill", type=float, default=0.0,
                    help="weight of a KL term keeping the clean copy close to the bare model (LoRA only)")
     t.add_argument("--save-every", type=int, default=25)
+    t.add_argument("--select-data", default=None,
+                   help="held-out JSONL: at every checkpoint (and the end) count teacher-forced drafts at or above "
+                        "--select-threshold and how many are right (<out>/snapshots.jsonl); keep in <out>/best the "
+                        "snapshot with the most such drafts among those where >= --select-precision are right")
+    t.add_argument("--select-limit", type=int, default=50, help="held-out examples per snapshot evaluation")
+    t.add_argument("--select-threshold", type=float, default=0.9)
+    t.add_argument("--select-precision", type=float, default=0.9)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=0)
     t.add_argument("--dtype", default="float32")
@@ -251,7 +258,8 @@ def cmd_train(args) -> int:
         max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
         skip_last_slot=args.skip_last_slot, loss_weighting=args.loss_weighting, shift_blocks=args.shift_blocks,
-        noisy_copies=args.noisy_copies, distill=args.distill, save_every=args.save_every, seed=args.seed,
+        noisy_copies=args.noisy_copies, select_data=args.select_data, select_limit=args.select_limit,
+        select_threshold=args.select_threshold, select_precision=args.select_precision, distill=args.distill, save_every=args.save_every, seed=args.seed,
         threads=args.threads, dtype=args.dtype,
     )
     state = train(cfg)

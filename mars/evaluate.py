@@ -26,10 +26,16 @@ class DraftAccuracy:
     count_by_distance: dict[int, int]
     est_tokens_per_pass: float  # if every draft matching AR were accepted, block-aligned windows
     calibration: list[dict]  # per confidence bin: mean confidence, accuracy, count
+    confident: dict | None = None  # drafts at or above `threshold`: count, right, share of all, precision
 
 
-def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10) -> DraftAccuracy:
-    """Teacher-forced: noisy blocks over each example's response; targets are the response tokens."""
+def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10, threshold: float = 0.9,
+                   temperatures: list[float] | None = None) -> DraftAccuracy:
+    """Teacher-forced: noisy blocks over each example's response; targets are the response tokens.
+
+    `temperatures`: per mask index (1..B-1) temperatures applied to the drafts' logits before their
+    confidence is measured (the calibration `mars.acceptance.calibrate_logits` applies at decoding).
+    """
     B = block_size
     hits: Counter = Counter()
     counts: Counter = Counter()
@@ -41,10 +47,15 @@ def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10)
         with torch.inference_mode():
             logits = forward_batch(lm.model, batch)[0].float()  # (Lc + Ln, V)
         Lc = batch.clean_len
-        probs = torch.softmax(logits[Lc:], -1)  # noisy part
-        conf, pred = probs.max(-1)
         labels = batch.noisy_labels[0]
         start = batch.position_ids[0, Lc].item()  # position of the first noisy slot (a block boundary)
+        noisy = logits[Lc:]
+        if temperatures:
+            temps = torch.tensor([1.0] + list(temperatures) + [1.0] * B, dtype=noisy.dtype)
+            slot = (torch.arange(len(noisy)) + start) % B  # mask index o + 1 at in-block offset o
+            noisy = noisy / temps[slot + 1][:, None]
+        probs = torch.softmax(noisy, -1)  # noisy part
+        conf, pred = probs.max(-1)
         p = len(ex.prompt_ids)
         n = len(labels)
         for blk in range(0, n, B):
@@ -69,7 +80,11 @@ def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10)
         if sel:
             calib.append({"bin": [round(lo, 2), round(hi, 2)], "confidence": sum(c for c, _ in sel) / len(sel),
                           "accuracy": sum(k for _, k in sel) / len(sel), "count": len(sel)})
+    sure = [k for c, k in conf_correct if c >= threshold]
+    confident = {"threshold": threshold, "count": len(sure), "right": sum(sure),
+                 "share": len(sure) / max(1, len(conf_correct)), "precision": sum(sure) / len(sure) if sure else None}
     return DraftAccuracy(
+        confident=confident,
         block_size=B,
         accuracy_by_distance={d: hits[d] / counts[d] for d in sorted(counts)},
         count_by_distance=dict(sorted(counts.items())),
