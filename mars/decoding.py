@@ -220,7 +220,7 @@ def decode_steps(
         raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    mode = make_mode(cfg)
+    mode = make_mode(cfg, lm)
     P = max(len(p) for p in prompts)
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit and P + cfg.max_new_tokens + 2 * cfg.block_size > limit:
