@@ -202,7 +202,8 @@ def cmd_eval(args) -> int:
     report = {"model": lm.name, "adapter": lm.adapter, "block_size": block, "examples": len(examples)}
     report["draft_accuracy"] = dataclasses.asdict(draft_accuracy(lm, examples, block))
     print(json.dumps({"draft_accuracy": report["draft_accuracy"]["accuracy_by_distance"],
-                      "est_tokens_per_pass": report["draft_accuracy"]["est_tokens_per_pass"]}), flush=True)
+                      "est_tokens_per_pass": report["draft_accuracy"]["est_tokens_per_pass"],
+                      "confident_drafts": report["draft_accuracy"]["confident"]}), flush=True)
     if not args.teacher_forced_only:
         bare = load(args.model, "none", args.mask_token, args.dtype, args.trust_remote_code) if lm.adapter else lm
         prompts = [ex.prompt_ids for ex in examples]
