@@ -9,8 +9,25 @@ import torch
 CONFIDENCE_MEASURES = ("prob", "entropy", "margin")
 
 
+def calibrate_logits(logits: torch.Tensor, temperatures, ar_rows: int = 1) -> torch.Tensor:
+    """Draft calibration: divide mask proposals' logits by their mask index's temperature.
+
+    logits: (n, V) proposals of one pass; the first `ar_rows` rows are AR tokens (left untouched), the
+    following rows are masks 1, 2, ... in order; mask j is divided by temperatures[j - 1] (1.0 past the
+    list). No temperatures: the same tensor back. Fitted per mask distance on held-out teacher-forced
+    drafts (`python -m mars calibrate`), recorded in the adapter's mars.json.
+    """
+    if not temperatures:
+        return logits
+    n = logits.shape[0]
+    masks = max(0, n - ar_rows)
+    temps = [1.0] * min(ar_rows, n) + [float(temperatures[j]) if j < len(temperatures) else 1.0 for j in range(masks)]
+    return logits.float() / torch.tensor(temps, dtype=torch.float32, device=logits.device)[:, None]
+
+
 def choose_and_score(
-    logits: torch.Tensor, measure: str = "prob", temperature: float = 0.0, generator: torch.Generator | None = None
+    logits: torch.Tensor, measure: str = "prob", temperature: float = 0.0, generator: torch.Generator | None = None,
+    confidence_logits: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per position and score how confident the model is in it.
 
@@ -20,10 +37,12 @@ def choose_and_score(
       margin  : p(top1) - p(top2)
     Greedy when temperature == 0, otherwise a seeded sample from softmax(logits / temperature); the
     confidence is always measured on the untempered distribution, so tau means the same in both.
+    `confidence_logits` (e.g. `calibrate_logits(logits, ...)`): measure the confidence on these instead;
+    the token is still chosen from `logits`.
     """
     if measure not in CONFIDENCE_MEASURES:
         raise ValueError(f"confidence measure must be one of {CONFIDENCE_MEASURES}, got {measure!r}")
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax((logits if confidence_logits is None else confidence_logits).float(), dim=-1)
     probs = logp.exp()
     if temperature > 0:
         flat = torch.softmax(logits.float().reshape(-1, logits.shape[-1]) / temperature, dim=-1)

@@ -1,4 +1,4 @@
-"""`python -m mars {generate,train}`: the command line over the library.
+"""`python -m mars {generate,train,bench,eval,calibrate}`: the command line over the library.
 
 Errors exit non-zero with one line that says what to do.
 """
@@ -74,10 +74,26 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--grad-accum", type=int, default=4)
     t.add_argument("--max-length", type=int, default=512)
     t.add_argument("--keep-prompt-noisy", action="store_true", help="also feed noisy copies of prompt blocks")
-    t.add_argument("--skip-last-slot", action="store_true")
+    t.add_argument("--skip-last-slot", action="store_true",
+                   help="no loss on the last noisy slot of a block (distance B+1: the decoder never uses it)")
+    t.add_argument("--loss-weighting", default="token", choices=["token", "sequence"],
+                   help="token: each stream's CE averaged over all its scored tokens (default); sequence: the "
+                        "authors' weighting, averaged per sequence, then over the batch")
+    t.add_argument("--shift-blocks", action="store_true",
+                   help="each time an example is drawn, its noisy block grid starts at a random offset in [0, B)")
+    t.add_argument("--noisy-copies", type=int, default=1,
+                   help="noisy copies per clean copy, each on its own block grid (distinct offsets: the first "
+                        "stays at 0 unless --shift-blocks); more mask targets per clean forward")
     t.add_argument("--distill", type=float, default=0.0,
                    help="weight of a KL term keeping the clean copy close to the bare model (LoRA only)")
     t.add_argument("--save-every", type=int, default=25)
+    t.add_argument("--select-data", default=None,
+                   help="held-out JSONL: at every checkpoint (and the end) count teacher-forced drafts at or above "
+                        "--select-threshold and how many are right (<out>/snapshots.jsonl); keep in <out>/best the "
+                        "snapshot with the most such drafts among those where >= --select-precision are right")
+    t.add_argument("--select-limit", type=int, default=50, help="held-out examples per snapshot evaluation")
+    t.add_argument("--select-threshold", type=float, default=0.9)
+    t.add_argument("--select-precision", type=float, default=0.9)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=0)
     t.add_argument("--dtype", default="float32")
@@ -109,7 +125,68 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--teacher-forced-only", action="store_true", help="skip generation (fast)")
     e.add_argument("--threads", type=int, default=0)
     e.add_argument("--out", default=None)
+    c = sub.add_parser("calibrate", help="fit per-mask-distance draft temperatures on held-out teacher-forced drafts")
+    c.add_argument("--data", default="data/selfdistill/heldout.jsonl.gz", help="self-distilled JSONL, plain or .gz (held out)")
+    _add_model_args(c)
+    c.add_argument("--block-size", type=int, default=None, help="default: as trained, else 4")
+    c.add_argument("--limit", type=int, default=100, help="held-out examples used in all")
+    c.add_argument("--fit-share", type=float, default=0.5,
+                   help="the first share of them fits the temperatures, the rest measures before/after")
+    c.add_argument("--threshold", type=float, default=0.9, help="drafts counted as confident: confidence >= this")
+    c.add_argument("--threads", type=int, default=0)
+    c.add_argument("--out", required=True,
+                   help="folder for the calibrated copy of the adapter (its mars.json gains 'calibration') "
+                        "and calibration.json; the source adapter is never changed")
     return ap
+
+
+def cmd_calibrate(args) -> int:
+    import dataclasses
+    import shutil
+
+    import torch
+
+    from mars.data import read_jsonl, to_example
+    from mars.evaluate import draft_accuracy, fit_temperatures
+    from mars.loading import ADAPTER_WEIGHTS, MARS_META, load
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not 0.0 < args.fit_share < 1.0:
+        raise ValueError("--fit-share must be between 0 and 1 (some examples fit, the others measure)")
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    if lm.adapter is None:
+        raise ValueError("calibrate writes a calibrated copy of an adapter: pass --adapter DIR (or use the default model)")
+    out = Path(args.out)
+    if out.resolve() == Path(lm.adapter).resolve():
+        raise ValueError("--out must not be the source adapter folder")
+    block = args.block_size or lm.trained_block_size or 4
+    records = read_jsonl(args.data)[: args.limit]
+    examples = [to_example(r, lm.tokenizer, lm.eos_token_ids[0]) for r in records]
+    n_fit = max(1, int(len(examples) * args.fit_share))
+    fit, held = examples[:n_fit], examples[n_fit:]
+    if not held:
+        raise ValueError("no examples left to measure: raise --limit or lower --fit-share")
+    cal = fit_temperatures(lm, fit, block)
+    before = draft_accuracy(lm, held, block, threshold=args.threshold)
+    after = draft_accuracy(lm, held, block, threshold=args.threshold, temperatures=cal["temperatures"])
+    report = {"adapter": lm.adapter, "block_size": block, "data": args.data, "fit_examples": len(fit),
+              "measure_examples": len(held), **cal,
+              "before": before.confident, "after": after.confident,
+              "calibration_bins_before": before.calibration, "calibration_bins_after": after.calibration}
+    out.mkdir(parents=True, exist_ok=True)
+    src = Path(lm.adapter)
+    for name in (ADAPTER_WEIGHTS, "adapter_config.json"):
+        shutil.copy2(src / name, out / name)
+    meta_path = src / MARS_META
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta["calibration"] = {"temperatures": cal["temperatures"], "method": "per-mask-index temperature, min NLL",
+                           "data": args.data, "fit_examples": len(fit), "drafts": cal["drafts"],
+                           "before": before.confident, "after": after.confident}
+    (out / MARS_META).write_text(json.dumps(meta, indent=2))
+    (out / "calibration.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps({k: report[k] for k in ("temperatures", "nll_before", "nll_after", "before", "after")}))
+    return 0
 
 
 def cmd_eval(args) -> int:
@@ -132,7 +209,8 @@ def cmd_eval(args) -> int:
     report = {"model": lm.name, "adapter": lm.adapter, "block_size": block, "examples": len(examples)}
     report["draft_accuracy"] = dataclasses.asdict(draft_accuracy(lm, examples, block))
     print(json.dumps({"draft_accuracy": report["draft_accuracy"]["accuracy_by_distance"],
-                      "est_tokens_per_pass": report["draft_accuracy"]["est_tokens_per_pass"]}), flush=True)
+                      "est_tokens_per_pass": report["draft_accuracy"]["est_tokens_per_pass"],
+                      "confident_drafts": report["draft_accuracy"]["confident"]}), flush=True)
     if not args.teacher_forced_only:
         bare = load(args.model, "none", args.mask_token, args.dtype, args.trust_remote_code) if lm.adapter else lm
         prompts = [ex.prompt_ids for ex in examples]
@@ -249,7 +327,9 @@ def cmd_train(args) -> int:
         lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
         max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
-        skip_last_slot=args.skip_last_slot, distill=args.distill, save_every=args.save_every, seed=args.seed,
+        skip_last_slot=args.skip_last_slot, loss_weighting=args.loss_weighting, shift_blocks=args.shift_blocks,
+        noisy_copies=args.noisy_copies, select_data=args.select_data, select_limit=args.select_limit,
+        select_threshold=args.select_threshold, select_precision=args.select_precision, distill=args.distill, save_every=args.save_every, seed=args.seed,
         threads=args.threads, dtype=args.dtype,
     )
     state = train(cfg)
@@ -263,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     from mars.loading import LoadError
 
     try:
-        return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval}[args.command](args)
+        return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval,
+                "calibrate": cmd_calibrate}[args.command](args)
     except (LoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

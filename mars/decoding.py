@@ -224,7 +224,7 @@ def decode_steps(
         raise ValueError("every prompt needs at least one token")
     P = max(len(p) for p in prompts)
     check_context(lm.model, P, cfg)
-    mode = make_mode(cfg)
+    mode = make_mode(cfg, lm)
     tok = lm.tokenizer
     eos = set(lm.eos_token_ids)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0

@@ -26,10 +26,16 @@ class DraftAccuracy:
     count_by_distance: dict[int, int]
     est_tokens_per_pass: float  # if every draft matching AR were accepted, block-aligned windows
     calibration: list[dict]  # per confidence bin: mean confidence, accuracy, count
+    confident: dict | None = None  # drafts at or above `threshold`: count, right, share of all, precision
 
 
-def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10) -> DraftAccuracy:
-    """Teacher-forced: noisy blocks over each example's response; targets are the response tokens."""
+def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10, threshold: float = 0.9,
+                   temperatures: list[float] | None = None) -> DraftAccuracy:
+    """Teacher-forced: noisy blocks over each example's response; targets are the response tokens.
+
+    `temperatures`: per mask index (1..B-1) temperatures applied to the drafts' logits before their
+    confidence is measured (the calibration `mars.acceptance.calibrate_logits` applies at decoding).
+    """
     B = block_size
     hits: Counter = Counter()
     counts: Counter = Counter()
@@ -41,10 +47,15 @@ def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10)
         with torch.inference_mode():
             logits = forward_batch(lm.model, batch)[0].float()  # (Lc + Ln, V)
         Lc = batch.clean_len
-        probs = torch.softmax(logits[Lc:], -1)  # noisy part
-        conf, pred = probs.max(-1)
         labels = batch.noisy_labels[0]
         start = batch.position_ids[0, Lc].item()  # position of the first noisy slot (a block boundary)
+        noisy = logits[Lc:]
+        if temperatures:
+            temps = torch.tensor([1.0] + list(temperatures) + [1.0] * B, dtype=noisy.dtype)
+            slot = (torch.arange(len(noisy)) + start) % B  # mask index o + 1 at in-block offset o
+            noisy = noisy / temps[slot + 1][:, None]
+        probs = torch.softmax(noisy, -1)  # noisy part
+        conf, pred = probs.max(-1)
         p = len(ex.prompt_ids)
         n = len(labels)
         for blk in range(0, n, B):
@@ -69,13 +80,78 @@ def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10)
         if sel:
             calib.append({"bin": [round(lo, 2), round(hi, 2)], "confidence": sum(c for c, _ in sel) / len(sel),
                           "accuracy": sum(k for _, k in sel) / len(sel), "count": len(sel)})
+    sure = [k for c, k in conf_correct if c >= threshold]
+    confident = {"threshold": threshold, "count": len(sure), "right": sum(sure),
+                 "share": len(sure) / max(1, len(conf_correct)), "precision": sum(sure) / len(sure) if sure else None}
     return DraftAccuracy(
+        confident=confident,
         block_size=B,
         accuracy_by_distance={d: hits[d] / counts[d] for d in sorted(counts)},
         count_by_distance=dict(sorted(counts.items())),
         est_tokens_per_pass=sum(chains) / max(1, len(chains)),
         calibration=calib,
     )
+
+
+def default_temperature_grid() -> list[float]:
+    """241 temperatures from 0.1 to 10, 2% apart (log-spaced)."""
+    import math
+
+    return [math.exp(math.log(0.1) + i * (math.log(10.0) - math.log(0.1)) / 240) for i in range(241)]
+
+
+def fit_temperatures(lm, examples: list[Example], block_size: int, grid: list[float] | None = None) -> dict:
+    """Draft calibration: per mask index j = 1..B-1 (distance j + 1), the temperature T_j minimising the
+    mean NLL of the response token (the AR/teacher token of self-distilled data) under softmax(logits / T_j),
+    over the same teacher-forced drafts `draft_accuracy` counts. Searched on `grid` (2% steps by default);
+    the argmax, hence every draft token, is unchanged by any T.
+
+    Returns {"temperatures": [...], "nll_before": [...] (T = 1), "nll_after": [...], "drafts": [...]}.
+    """
+    B = block_size
+    grid_t = torch.tensor(grid or default_temperature_grid(), dtype=torch.float64)
+    nll = torch.zeros(B - 1, len(grid_t), dtype=torch.float64)
+    nll_one = torch.zeros(B - 1, dtype=torch.float64)
+    counts = [0] * (B - 1)
+    eos = lm.eos_token_ids[0]
+    for ex in examples:
+        batch = build_batch([ex], B, lm.mask_token_id, eos, drop_prompt_noisy=True)
+        with torch.inference_mode():
+            logits = forward_batch(lm.model, batch)[0]
+        Lc = batch.clean_len
+        labels = batch.noisy_labels[0]
+        start = batch.position_ids[0, Lc].item()
+        p = len(ex.prompt_ids)
+        by_slot: list[list[int]] = [[] for _ in range(B - 1)]
+        for blk in range(0, len(labels), B):
+            if start + blk < p:
+                continue  # as in draft_accuracy: the block holding the end of the prompt is no mask window
+            for o in range(B - 1):
+                i = blk + o
+                if i >= len(labels) or labels[i] < 0:
+                    break
+                by_slot[o].append(i)
+        for o, idx in enumerate(by_slot):
+            if not idx:
+                continue
+            z = logits[Lc + torch.tensor(idx)].double()  # (n, V)
+            zy = z.gather(-1, labels[idx][:, None]).squeeze(-1)
+            counts[o] += len(idx)
+            nll_one[o] += (torch.logsumexp(z, -1) - zy).sum()
+            for g, T in enumerate(grid_t.tolist()):
+                nll[o, g] += (torch.logsumexp(z / T, -1) - zy / T).sum()
+    temps, after = [], []
+    for o in range(B - 1):
+        if not counts[o]:
+            temps.append(1.0)
+            after.append(None)
+            continue
+        g = int(nll[o].argmin())
+        temps.append(round(float(grid_t[g]), 4))
+        after.append(float(nll[o, g]) / counts[o])
+    return {"temperatures": temps, "drafts": counts,
+            "nll_before": [float(nll_one[o]) / counts[o] if counts[o] else None for o in range(B - 1)],
+            "nll_after": after}
 
 
 def known_answer_accuracy(results, answers: list[str]) -> float:

@@ -50,6 +50,7 @@ class LoadedModel:
     adapter: str | None  # path of the merged adapter, None for the bare model
     trained_block_size: int | None  # from the adapter's mars.json, when known
     warnings: list[str] = field(default_factory=list)
+    calibration: dict | None = None  # mars.json "calibration": {"temperatures": [T_1, ...]} per mask index
 
     @property
     def default_block_size(self) -> int:
@@ -72,6 +73,7 @@ class LoadedModel:
             "mask_token": self.mask_token,
             "mask_token_id": self.mask_token_id,
             "trained_block_size": self.trained_block_size,
+            "calibration": self.calibration,
             "dtype": str(self.model.dtype).replace("torch.", ""),
             "warnings": list(self.warnings),
         }
@@ -145,7 +147,21 @@ def load(
         adapter=str(adapter_path) if adapter_path else None,
         trained_block_size=meta.get("block_size"),
         warnings=warnings,
+        calibration=_read_calibration(meta, warnings),
     )
+
+
+def _read_calibration(meta: dict, warnings: list[str]) -> dict | None:
+    """mars.json's draft calibration, checked: positive finite temperatures, or none at all."""
+    cal = meta.get("calibration")
+    if cal is None:
+        return None
+    temps = cal.get("temperatures") if isinstance(cal, dict) else None
+    if not isinstance(temps, list) or not temps or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf") for t in temps):
+        warnings.append(f"ignoring mars.json calibration {cal!r}: it needs a list of positive temperatures")
+        return None
+    return {**cal, "temperatures": [float(t) for t in temps]}
 
 
 def _default_cache_dir(gguf: Path, torch_dtype) -> Path:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.acceptance import accept_lengths, choose_and_score
+from mars.acceptance import accept_lengths, calibrate_logits, choose_and_score
 
 
 @dataclass
@@ -56,12 +56,16 @@ class ARMode:
 class MarsMode:
     name = "mars"
 
+    def __init__(self, temperatures=None):
+        self.temperatures = temperatures  # per mask index: draft calibration (None: raw confidences)
+
     def plan(self, row, cfg, tau) -> RowPlan:
         return RowPlan(groups=[(0, cfg.block_size - 1)] if cfg.block_size > 1 else [])
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         logits = torch.cat([main[:1]] + groups[:1])  # (B, V): the AR token, then the masks in order
-        tok, conf = choose_and_score(logits, cfg.confidence, cfg.temperature, gen)
+        tok, conf = choose_and_score(logits, cfg.confidence, cfg.temperature, gen,
+                                     confidence_logits=calibrate_logits(logits, self.temperatures, ar_rows=1))
         n = int(accept_lengths(conf[None], tau, cfg.max_tokens_per_pass)[0])
         t, c = tok.tolist(), conf.tolist()
         return Outcome(t[:n], c[:n], t[n:], c[n:], proposal_logits=logits)
@@ -70,8 +74,9 @@ class MarsMode:
 class VerifiedMode:
     name = "verified"
 
-    def __init__(self, groups: str = "all"):
+    def __init__(self, groups: str = "all", temperatures=None):
         self.groups = groups  # "all": one mask group per acceptance outcome; "last": only after all drafts
+        self.temperatures = temperatures  # per mask index: draft calibration (None: raw confidences)
 
     def plan(self, row, cfg, tau) -> RowPlan:
         k = len(row.drafts)
@@ -94,7 +99,8 @@ class VerifiedMode:
         row.drafts, row.draft_conf = [], []
         idx = [j for j, _ in plan.groups]
         if m in idx:
-            tok, conf = choose_and_score(groups[idx.index(m)], cfg.confidence)
+            g = groups[idx.index(m)]
+            tok, conf = choose_and_score(g, cfg.confidence, confidence_logits=calibrate_logits(g, self.temperatures, 0))
             keep = int(accept_lengths(torch.cat([torch.ones(1), conf])[None], tau)[0]) - 1  # leading conf >= tau
             if cfg.max_tokens_per_pass is not None:
                 keep = min(keep, cfg.max_tokens_per_pass - 1)
@@ -127,7 +133,12 @@ MODES = {m.name: m for m in (MarsMode, ARMode, VerifiedMode, JacobiMode)}  # the
 VERIFY_GROUPS = ("all", "last")
 
 
-def make_mode(cfg):
+def make_mode(cfg, lm=None):
+    """The mode object for cfg.mode; `lm`'s draft calibration (mars.json "calibration") applies to the
+    confidence of every mask proposal in the mars and verified modes (the AR token is untouched)."""
+    temps = ((getattr(lm, "calibration", None) or {}).get("temperatures")) or None
+    if cfg.mode == "mars":
+        return MarsMode(temps)
     if cfg.mode == "verified":
-        return VerifiedMode(cfg.verify_groups)
+        return VerifiedMode(cfg.verify_groups, temps)
     return MODES[cfg.mode]()

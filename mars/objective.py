@@ -2,8 +2,11 @@
 
 One forward pass sees two copies of each sequence side by side: the clean copy (positions 0..L-1) and a
 noisy copy in which every response token is the mask token. The noisy copy may start at a block boundary
-`s` instead of 0 (`noisy_start`): noisy copies of whole prompt blocks are identical to the clean copy and
-carry no loss, so dropping them saves compute without changing any scored prediction.
+`s` instead of 0 (`noisy_start`): noisy copies of whole prompt blocks are identical to the clean copy, so
+the noisy copy starts at the block holding the last prompt token (its output predicts the first response
+token) and dropping the earlier blocks saves compute without losing any scored prediction.
+Options: a shifted block grid (blocks start at offset + k*B) and several noisy copies with different
+offsets against one clean copy ([clean | noisy_1 | noisy_2 ...], `multi_copy_mask`).
 
 Rules (METHOD.md), with block(t) = t // B counted from position 0 of the sequence:
   clean -> clean : k <= q                       (causal)
@@ -23,26 +26,50 @@ import torch.nn.functional as F
 from mars.masks import additive_mask
 
 
-def mars_attention_mask(length: int, block_size: int, noisy_start: int = 0) -> torch.Tensor:
+def _blocks(pos: torch.Tensor, block_size: int, offset: int) -> torch.Tensor:
+    """Block index of each position on the grid whose blocks start at offset + k*B (positions before the
+    offset form block -1); offset 0 gives t // B."""
+    return torch.div(pos - offset, block_size, rounding_mode="floor")
+
+
+def mars_attention_mask(length: int, block_size: int, noisy_start: int = 0, offset: int = 0) -> torch.Tensor:
     """Boolean (L + L - s, L + L - s) mask for one sequence laid out as [clean 0..L-1 | noisy s..L-1].
 
-    True = the query (row) may attend to the key (column). `noisy_start` must be a block boundary.
+    True = the query (row) may attend to the key (column). `noisy_start` must be a block boundary of the
+    grid shifted by `offset` (blocks start at offset + k*B; 0 is always a boundary).
     """
+    return multi_copy_mask(length, block_size, [(noisy_start, length, offset)])
+
+
+def multi_copy_mask(length: int, block_size: int, copies: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Boolean mask for [clean 0..L-1 | noisy_1 | noisy_2 | ...]: copy k = (start, end, offset) holds
+    positions start..end-1 on the block grid shifted by `offset`.
+
+    Each noisy copy follows the rules of the module docstring on its own grid: it sees the clean blocks
+    strictly before its block (on its grid) and its own block causally; it never sees another noisy copy,
+    and the clean copy sees no noisy copy.
+    """
+    B = block_size
     if block_size < 1 or length < 1:
         raise ValueError("length and block_size must be >= 1")
-    if noisy_start % block_size or not 0 <= noisy_start <= length:
-        raise ValueError(f"noisy_start {noisy_start} must be a block boundary inside [0, {length}]")
+    for start, end, offset in copies:
+        if not 0 <= offset < B:
+            raise ValueError(f"offset {offset} must be in [0, {B})")
+        if (start and (start - offset) % B) or not 0 <= start <= end <= length:
+            raise ValueError(f"noisy_start {start} must be a block boundary inside [0, {length}]")
     clean_pos = torch.arange(length)
-    noisy_pos = torch.arange(noisy_start, length)
-    cq, ck = clean_pos[:, None], clean_pos[None, :]
-    nq, nk = noisy_pos[:, None], noisy_pos[None, :]
-    clean_clean = ck <= cq
-    noisy_noisy = (nk // block_size == nq // block_size) & (nk <= nq)
-    noisy_clean = ck // block_size < nq // block_size
-    clean_noisy = torch.zeros(length, len(noisy_pos), dtype=torch.bool)
-    top = torch.cat([clean_clean, clean_noisy], dim=1)
-    bottom = torch.cat([noisy_clean, noisy_noisy], dim=1)
-    return torch.cat([top, bottom], dim=0)
+    n_total = length + sum(end - start for start, end, _ in copies)
+    mask = torch.zeros(n_total, n_total, dtype=torch.bool)
+    mask[:length, :length] = clean_pos[None, :] <= clean_pos[:, None]
+    at = length
+    for start, end, offset in copies:
+        pos = torch.arange(start, end)
+        n = len(pos)
+        bq = _blocks(pos, B, offset)
+        mask[at:at + n, :length] = _blocks(clean_pos, B, offset)[None, :] < bq[:, None]
+        mask[at:at + n, at:at + n] = (bq[None, :] == bq[:, None]) & (pos[None, :] <= pos[:, None])
+        at += n
+    return mask
 
 
 @dataclass
@@ -64,6 +91,31 @@ class MarsBatch:
     clean_len: int  # Lc
 
 
+def noisy_start(prompt_len: int, block_size: int, offset: int = 0) -> int:
+    """First noisy position kept when prompt blocks are dropped: the boundary (on the grid shifted by
+    `offset`) of the block holding position p - 1, whose output predicts the first response token."""
+    last = max(prompt_len - 1, 0)
+    if last < offset:
+        return 0
+    return offset + (last - offset) // block_size * block_size
+
+
+def draw_offsets(seed: int, epoch: int, index: int, block_size: int, copies: int = 1, shift: bool = True) -> list[int]:
+    """Block-grid offsets for one draw of one example: `copies` distinct offsets in [0, B).
+
+    shift=True: all at random; shift=False: the first copy keeps the grid at 0, the others are random.
+    A function of (seed, epoch, example index): a resumed run draws what the straight run drew.
+    """
+    import random
+
+    if not 1 <= copies <= block_size:
+        raise ValueError(f"noisy copies must be in [1, B={block_size}], got {copies}")
+    rng = random.Random(f"mars-offsets:{seed}:{epoch}:{index}")
+    if shift:
+        return rng.sample(range(block_size), copies)
+    return [0] + rng.sample(range(1, block_size), copies - 1)
+
+
 def build_batch(
     examples: list[Example],
     block_size: int,
@@ -72,76 +124,111 @@ def build_batch(
     max_length: int | None = None,
     drop_prompt_noisy: bool = True,
     skip_last_slot: bool = False,
+    offsets: list[list[int]] | None = None,
 ) -> MarsBatch:
     """Lay out a batch of examples for one MARS forward pass.
 
     Each sequence is prompt + response, padded with EOS (pad_token_id) to a multiple of B when the
     response finished (those pads are scored, as in the paper: the model learns to stop inside a block).
+    A response cut by `max_length` counts as unfinished: no EOS target after the cut.
+    `drop_prompt_noisy` starts the noisy copy at the block holding the last prompt token (earlier noisy
+    prompt blocks equal the clean copy and carry no target); no response target is lost.
     `skip_last_slot` drops the loss of the last noisy slot of each block, whose target (distance B+1)
     the sliding-window decoder never uses.
+    `offsets` (one list per example, one offset in [0, B) per noisy copy; None = one copy on the grid
+    starting at 0) shifts each noisy copy's block grid: blocks start at offset + k*B. Several offsets put
+    several noisy copies after the one clean copy: [clean | noisy_1 | noisy_2 ...]. A finished response
+    is padded until every copy's last block is complete.
     """
     B = block_size
     rows = []
-    for ex in examples:
+    for i, ex in enumerate(examples):
+        offs = [0] if offsets is None else [int(o) for o in offsets[i]]
+        if not offs or any(not 0 <= o < B for o in offs):
+            raise ValueError(f"offsets must be non-empty and in [0, {B}), got {offs}")
         ids = list(ex.prompt_ids) + list(ex.response_ids)
-        if max_length is not None:
+        finished = ex.finished
+        if max_length is not None and len(ids) > max_length:
             ids = ids[:max_length]
+            finished = False  # the cut response did not end here: no EOS to learn after it
         p = len(ex.prompt_ids)
         if p >= len(ids):
             raise ValueError("an example has no response tokens left after truncation")
-        scored_end = len(ids)  # positions < scored_end are real targets
-        if ex.finished and len(ids) % B:
-            ids += [pad_token_id] * (B - len(ids) % B)
-            scored_end = len(ids)
-        s = (p // B) * B if drop_prompt_noisy else 0
-        rows.append((ids, p, s, scored_end))
+        real = len(ids)
+        # scored end of each copy: its grid's next block end when finished (EOS pads scored), else the last token
+        ends = [real + ((o - real) % B if finished else 0) for o in offs]
+        ids += [pad_token_id] * (max(ends) - real)
+        starts = [noisy_start(p, B, o) if drop_prompt_noisy else 0 for o in offs]
+        if drop_prompt_noisy and skip_last_slot:  # p - 1 is its block's last slot: that target is skipped anyway
+            starts = [p if (p - 1 - o) % B == B - 1 else st for st, o in zip(starts, offs)]
+        rows.append((ids, p, list(zip(starts, ends, offs))))
     Lc = max(len(r[0]) for r in rows)
     Lc += (-Lc) % B
-    Ln = max(Lc - s for _, _, s, _ in rows)
+    # noisy width: every row's copies, plus the clean copy's batch padding (as wide as the one-copy layout)
+    Ln = max(Lc - len(ids) + sum(e - s for s, e, _ in copies) for ids, _, copies in rows)
     b = len(rows)
     input_ids = torch.full((b, Lc + Ln), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((b, Lc + Ln), dtype=torch.long)
     allowed = torch.zeros((b, 1, Lc + Ln, Lc + Ln), dtype=torch.bool)
     clean_labels = torch.full((b, Lc), -100, dtype=torch.long)
     noisy_labels = torch.full((b, Ln), -100, dtype=torch.long)
-    for i, (ids, p, s, end) in enumerate(rows):
+    for i, (ids, p, copies) in enumerate(rows):
         L = len(ids)
         seq = torch.tensor(ids)
-        noisy = seq[s:].clone()
-        noisy[max(p - s, 0):] = mask_token_id  # every response position becomes a mask
-        n = L - s
-        # ids: (b, Lc + Ln) = [clean 0..L-1, pad | noisy s..L-1, pad]
+        # ids: (b, Lc + Ln) = [clean 0..L-1, pad | noisy_1 s1..e1-1, noisy_2 ..., pad]
         input_ids[i, :L] = seq
-        input_ids[i, Lc:Lc + n] = noisy
         position_ids[i, :L] = torch.arange(L)
-        position_ids[i, Lc:Lc + n] = torch.arange(s, L)
-        m = mars_attention_mask(L, B, s)
-        allowed[i, 0, :L, :L] = m[:L, :L]
-        allowed[i, 0, :L, Lc:Lc + n] = m[:L, L:]
-        allowed[i, 0, Lc:Lc + n, :L] = m[L:, :L]
-        allowed[i, 0, Lc:Lc + n, Lc:Lc + n] = m[L:, L:]
+        n_all = sum(e - s for s, e, _ in copies)
+        where = torch.cat([torch.arange(L), Lc + torch.arange(n_all)])
+        allowed[i, 0, where[:, None], where[None, :]] = multi_copy_mask(L, B, copies)
         # targets: output at t scores token t+1, for response tokens t+1 in [p, end)
-        t = torch.arange(p - 1, end - 1)
+        t = torch.arange(p - 1, copies[0][1] - 1)
         clean_labels[i, t] = seq[t + 1]
-        tn = t[t >= s]
-        keep = tn % B != B - 1 if skip_last_slot else torch.ones_like(tn, dtype=torch.bool)
-        noisy_labels[i, tn[keep] - s] = seq[tn[keep] + 1]
+        at = Lc
+        for s, e, o in copies:
+            noisy = seq[s:e].clone()
+            noisy[max(p - s, 0):] = mask_token_id  # every response position becomes a mask
+            input_ids[i, at:at + e - s] = noisy
+            position_ids[i, at:at + e - s] = torch.arange(s, e)
+            tn = torch.arange(max(p - 1, s), e - 1)
+            if skip_last_slot:
+                tn = tn[(tn - o) % B != B - 1]
+            noisy_labels[i, at - Lc + tn - s] = seq[tn + 1]
+            at += e - s
     # padding queries attend to themselves only, so no attention row is empty (an empty row gives NaN)
     idx = torch.arange(Lc + Ln)
     allowed[:, 0, idx, idx] = True
     return MarsBatch(input_ids, position_ids, allowed, clean_labels, noisy_labels, Lc)
 
 
-def mars_loss(logits: torch.Tensor, batch: MarsBatch) -> dict[str, torch.Tensor]:
-    """CE(noisy) + CE(clean), equal weights, each a mean over its scored tokens.
+def mars_loss(logits: torch.Tensor, batch: MarsBatch, per_sequence: bool = False) -> dict[str, torch.Tensor]:
+    """CE(noisy) + CE(clean), equal weights.
 
+    Default: each term is a mean over its scored tokens (long responses weigh more). `per_sequence`: the
+    authors' weighting, each term averaged per sequence (all noisy copies of a sequence together), then
+    over the sequences that have scored tokens.
     logits: (b, Lc + Ln, V). Returns the total and both terms (the clean term is the "SFT loss").
     """
     Lc = batch.clean_len
-    V = logits.shape[-1]
-    clean = F.cross_entropy(logits[:, :Lc].reshape(-1, V).float(), batch.clean_labels.reshape(-1), ignore_index=-100)
-    noisy = F.cross_entropy(logits[:, Lc:].reshape(-1, V).float(), batch.noisy_labels.reshape(-1), ignore_index=-100)
+    ce = _ce_per_sequence if per_sequence else _ce_per_token
+    clean = ce(logits[:, :Lc], batch.clean_labels)
+    noisy = ce(logits[:, Lc:], batch.noisy_labels)
     return {"loss": noisy + clean, "noisy": noisy, "clean": clean}
+
+
+def _ce_per_token(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    V = logits.shape[-1]
+    return F.cross_entropy(logits.reshape(-1, V).float(), labels.reshape(-1), ignore_index=-100)
+
+
+def _ce_per_sequence(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    V = logits.shape[-1]
+    tok = F.cross_entropy(logits.reshape(-1, V).float(), labels.reshape(-1), ignore_index=-100, reduction="none")
+    tok = tok.view(labels.shape)
+    n = (labels != -100).sum(-1)
+    per_row = tok.sum(-1) / n.clamp(min=1)  # ignored positions contribute 0
+    has = n > 0
+    return per_row[has].mean() if bool(has.any()) else tok.sum() * 0.0
 
 
 def distill_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

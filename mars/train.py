@@ -47,9 +47,16 @@ class TrainConfig:
     max_length: int = 512  # clean tokens per sequence (the forward sees up to 2x this)
     drop_prompt_noisy: bool = True  # noisy copies of whole prompt blocks carry no loss: skip them
     skip_last_slot: bool = False  # drop the loss of the last noisy slot per block (inference never uses it)
+    loss_weighting: str = "token"  # "token": mean over all scored tokens; "sequence": the authors' (per sequence, then batch)
+    shift_blocks: bool = False  # each draw of an example puts its noisy block grid at a random offset in [0, B)
+    noisy_copies: int = 1  # noisy copies per clean copy, each on its own block grid (distinct offsets)
     distill: float = 0.0  # weight of KL(bare model || model) on the clean copy (LoRA: the bare model is the
     #                       base with the adapter switched off, one extra clean forward per micro-batch)
     save_every: int = 25  # optimizer steps between checkpoints
+    select_data: str | None = None  # held-out JSONL: evaluate each snapshot teacher-forced, keep the best in <out>/best
+    select_limit: int = 50  # held-out examples per snapshot evaluation
+    select_threshold: float = 0.9  # drafts counted: confidence >= this
+    select_precision: float = 0.9  # a snapshot qualifies when at least this share of those drafts is right
     seed: int = 0
     threads: int = 0  # torch threads per process (0 = default)
     dtype: str = "float32"
@@ -62,11 +69,19 @@ class TrainConfig:
             raise ValueError(f"distill must be >= 0, got {self.distill}")
         if self.distill and self.method != "lora":
             raise ValueError("--distill needs --method lora: the bare model is the base with the adapter off")
+        if self.loss_weighting not in ("token", "sequence"):
+            raise ValueError(f"loss_weighting must be 'token' or 'sequence', got {self.loss_weighting!r}")
+        if not 1 <= self.noisy_copies <= self.block_size:
+            raise ValueError(f"noisy_copies must be in [1, block_size={self.block_size}], got {self.noisy_copies}")
         if self.schedule not in ("cosine", "linear", "constant"):
             raise ValueError(f"schedule must be cosine, linear or constant, got {self.schedule!r}")
         for name in ("block_size", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.select_limit < 1:
+            raise ValueError("select_limit must be >= 1")
+        if not (0.0 <= self.select_threshold <= 1.0 and 0.0 <= self.select_precision <= 1.0):
+            raise ValueError("select_threshold and select_precision must be in [0, 1]")
         if not self.lr > 0:
             raise ValueError("lr must be > 0")
         self.lora_targets = tuple(self.lora_targets)
@@ -83,6 +98,15 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
+def better_snapshot(best: dict | None, row: dict, min_precision: float) -> bool:
+    """Snapshot choice by precision: among snapshots whose confident drafts (confidence >= threshold,
+    teacher-forced) are right at least `min_precision` of the time, the one with the most confident drafts
+    (the earlier one on a tie). A snapshot with no confident draft does not qualify."""
+    if not row["count"] or row["precision"] is None or row["precision"] < min_precision:
+        return False
+    return best is None or row["count"] > best["count"]
+
+
 def train(cfg: TrainConfig) -> dict:
     import torch
     from accelerate import Accelerator
@@ -91,7 +115,7 @@ def train(cfg: TrainConfig) -> dict:
 
     from mars.data import load_examples
     from mars.loading import load
-    from mars.objective import build_batch, clean_forward, distill_loss, forward_batch, mars_loss
+    from mars.objective import build_batch, clean_forward, distill_loss, draw_offsets, forward_batch, mars_loss
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -131,14 +155,22 @@ def train(cfg: TrainConfig) -> dict:
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
 
+    grids = cfg.shift_blocks or cfg.noisy_copies > 1
+
     def collate(batch):
+        offsets = None
+        if grids:  # items are (index, example): offsets are a function of (seed, epoch, index)
+            offsets = [draw_offsets(cfg.seed, state["epoch"], i, cfg.block_size, cfg.noisy_copies, cfg.shift_blocks)
+                       for i, _ in batch]
+            batch = [ex for _, ex in batch]
         return build_batch(
             batch, cfg.block_size, lm.mask_token_id, eos_id, cfg.max_length,
-            cfg.drop_prompt_noisy, cfg.skip_last_slot,
+            cfg.drop_prompt_noisy, cfg.skip_last_slot, offsets=offsets,
         )
 
     gen = torch.Generator().manual_seed(cfg.seed)
-    loader = torch.utils.data.DataLoader(examples, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=gen)
+    dataset = list(enumerate(examples)) if grids else examples  # the sampler's order depends on the length only
+    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=gen)
     steps_per_epoch = math.ceil(len(loader) / (cfg.grad_accum * acc.num_processes))
     total = cfg.max_steps or max(1, int(steps_per_epoch * cfg.epochs))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -160,6 +192,38 @@ def train(cfg: TrainConfig) -> dict:
         if acc.is_main_process:
             (ckpt / "trainer_state.json").write_text(json.dumps(state))
 
+    select_examples = None
+    if cfg.select_data:
+        from mars.data import read_jsonl, to_example
+
+        select_examples = [to_example(r, tok, eos_id) for r in read_jsonl(cfg.select_data)[: cfg.select_limit]]
+
+    def evaluate_snapshot():
+        """Teacher-forced drafts of the current weights on the held-out set; the best so far goes to <out>/best."""
+        from types import SimpleNamespace
+
+        from mars.evaluate import draft_accuracy
+
+        nonlocal t_start
+        t0 = time.time()
+        if acc.is_main_process:
+            m = acc.unwrap_model(model)
+            m.eval()
+            probe = SimpleNamespace(model=m, mask_token_id=lm.mask_token_id, eos_token_ids=[eos_id])
+            res = draft_accuracy(probe, select_examples, cfg.block_size, threshold=cfg.select_threshold)
+            m.train()
+            row = {"step": state["step"], **{k: res.confident[k] for k in ("count", "right", "share", "precision")},
+                   "accuracy_by_distance": res.accuracy_by_distance}
+            row["selected"] = better_snapshot(state.get("best"), row, cfg.select_precision)
+            if row["selected"]:
+                state["best"] = {k: row[k] for k in ("step", "count", "right", "share", "precision")}
+                _save_final(m, tok, lm, cfg, state, out / "best", selected=state["best"])
+            with (out / "snapshots.jsonl").open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        state["evaluated_step"] = state["step"]
+        acc.wait_for_everyone()
+        t_start += time.time() - t0  # train_seconds counts training, not these evaluations
+
     bar = tqdm(total=total, initial=state["step"], disable=not acc.is_local_main_process, desc="mars train")
     t_start = time.time() - state["seconds"]
     run = {"noisy": 0.0, "clean": 0.0, "distill": 0.0, "n": 0}
@@ -171,7 +235,7 @@ def train(cfg: TrainConfig) -> dict:
         for batch in epoch_loader:
             with acc.accumulate(model):
                 logits = forward_batch(model, batch)
-                losses = mars_loss(logits, batch)
+                losses = mars_loss(logits, batch, per_sequence=cfg.loss_weighting == "sequence")
                 if cfg.distill:
                     with torch.no_grad(), acc.unwrap_model(model).disable_adapter():
                         teacher = clean_forward(model, batch)
@@ -211,11 +275,15 @@ def train(cfg: TrainConfig) -> dict:
                 stop = True
                 break
             if state["step"] % cfg.save_every == 0:
+                if select_examples is not None:
+                    evaluate_snapshot()
                 save_checkpoint()
         else:
             state["epoch"] += 1
             state["batches_in_epoch"] = 0
     bar.close()
+    if select_examples is not None and state.get("evaluated_step") != state["step"]:
+        evaluate_snapshot()  # the final weights, unless this step was just evaluated
     save_checkpoint()
     acc.wait_for_everyone()
     state["processes"] = acc.num_processes
@@ -225,7 +293,7 @@ def train(cfg: TrainConfig) -> dict:
     return state
 
 
-def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path):
+def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path, selected: dict | None = None):
     from mars.loading import MARS_META
 
     meta = {
@@ -240,6 +308,10 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path):
         "data": str(cfg.data),
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")},
     }
+    if selected is not None:  # a snapshot kept by --select-data: why it was kept
+        meta["selected_by"] = {"rule": f"most teacher-forced drafts >= {cfg.select_threshold} among snapshots "
+                                       f"where >= {cfg.select_precision} of them are right",
+                               "data": cfg.select_data, "examples": cfg.select_limit, **selected}
     if cfg.adapter:
         meta = with_history(meta, _read_meta(Path(cfg.adapter)))
     if cfg.method == "lora":

@@ -177,3 +177,80 @@ def test_eval_default_data_files_are_in_the_repo():
     args = build_parser().parse_args(["eval"])
     for path in (args.data, args.known):
         assert (ROOT / path).is_file(), path
+
+
+def test_train_with_shifted_grids_two_noisy_copies_and_sequence_weighting(tiny_dir, tmp_path):
+    """Issue 13 items 2-3 as options: the run trains, records them, and resumes to the straight run's
+    weights (the offsets are a function of seed, epoch and example index, not of how far the run got)."""
+    data = _data(tmp_path / "d.jsonl")
+    extra = ("--shift-blocks", "--noisy-copies", "2", "--loss-weighting", "sequence", "--block-size", "3")
+    straight = run_cli(*train_args(tiny_dir, data, tmp_path / "s", 4, *extra))
+    assert straight.returncode == 0, straight.stderr
+    first = run_cli(*train_args(tiny_dir, data, tmp_path / "r", 2, *extra))
+    assert first.returncode == 0, first.stderr
+    resumed = run_cli(*train_args(tiny_dir, data, tmp_path / "r", 4, *extra))
+    assert resumed.returncode == 0 and "resuming" in resumed.stdout + resumed.stderr
+    from safetensors.torch import load_file
+
+    wa = load_file(tmp_path / "s" / "adapter_model.safetensors")
+    wb = load_file(tmp_path / "r" / "adapter_model.safetensors")
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    rec = json.loads((tmp_path / "s" / "mars.json").read_text())["recipe"]
+    assert rec["shift_blocks"] is True and rec["noisy_copies"] == 2 and rec["loss_weighting"] == "sequence"
+    plain = run_cli(*train_args(tiny_dir, data, tmp_path / "p", 1, "--block-size", "3"))
+    assert plain.returncode == 0
+    log_s = json.loads((tmp_path / "s" / "log.jsonl").read_text().splitlines()[0])
+    log_p = json.loads((tmp_path / "p" / "log.jsonl").read_text().splitlines()[0])
+    assert log_s["noisy"] != log_p["noisy"]  # same weights at step 1's start, other targets and weighting
+    bad = run_cli(*train_args(tiny_dir, data, tmp_path / "x", 1, "--noisy-copies", "5"))
+    assert bad.returncode == 2 and "noisy_copies" in bad.stderr
+
+
+def test_snapshot_choice_rule():
+    from mars.train import better_snapshot
+
+    def row(count, right):
+        return {"count": count, "right": right, "precision": right / count if count else None}
+
+    rows = [row(0, 0), row(10, 10), row(40, 35), row(30, 28), row(30, 27), row(31, 28)]
+    best, kept = None, []
+    for i, r in enumerate(rows):
+        if better_snapshot(best, r, 0.9):
+            best = r
+            kept.append(i)
+    assert kept == [1, 3, 5]  # 40 drafts at 87.5% right never qualifies; a tie keeps the earlier one
+
+
+def test_train_selects_a_snapshot_by_teacher_forced_precision(tiny_dir, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    sel = ("--select-data", str(data), "--select-limit", "3", "--save-every", "1")
+    # threshold 0 and precision 0: every snapshot qualifies with the same count, so the first one is kept
+    out = run_cli(*train_args(tiny_dir, data, tmp_path / "s", 3, *sel, "--select-threshold", "0",
+                              "--select-precision", "0"))
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(x) for x in (tmp_path / "s" / "snapshots.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and [r["selected"] for r in rows] == [True, False, False]
+    assert rows[0]["count"] == rows[1]["count"] > 0 and rows[0]["share"] == 1.0
+    meta = json.loads((tmp_path / "s" / "best" / "mars.json").read_text())
+    assert meta["selected_by"]["step"] == 1 and meta["steps"] == 1
+    one = run_cli(*train_args(tiny_dir, data, tmp_path / "one", 1))
+    assert one.returncode == 0, one.stderr
+    from safetensors.torch import load_file
+
+    wb = load_file(tmp_path / "s" / "best" / "adapter_model.safetensors")
+    w1 = load_file(tmp_path / "one" / "adapter_model.safetensors")
+    w3 = load_file(tmp_path / "s" / "adapter_model.safetensors")
+    assert all(torch.allclose(wb[k], w1[k], atol=1e-6) for k in w1)  # the step-1 weights were kept
+    assert not all(torch.allclose(wb[k], w3[k], atol=1e-6) for k in w3)
+    assert load(str(tiny_dir), adapter=str(tmp_path / "s" / "best")).adapter
+    # the default rule (0.9 / 0.9): the log's choices replay the rule, and best/ exists iff one qualified
+    from mars.train import better_snapshot
+
+    strict = run_cli(*train_args(tiny_dir, data, tmp_path / "t", 2, *sel))
+    assert strict.returncode == 0, strict.stderr
+    rows = [json.loads(x) for x in (tmp_path / "t" / "snapshots.jsonl").read_text().splitlines()]
+    best = None
+    for r in rows:
+        assert r["selected"] == better_snapshot(best, r, 0.9)
+        best = r if r["selected"] else best
+    assert (tmp_path / "t" / "best").is_dir() == (best is not None)

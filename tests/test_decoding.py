@@ -254,7 +254,7 @@ def test_batch_stays_exact_when_rows_run_ahead_by_verified_extras(tiny_lm, monke
             guesses = ar[row.index][k:k + good]
             return decoding.RowPlan(extra=guesses + [tiny_lm.tokenizer.pad_token_id or 0] * (3 - len(guesses)))
 
-    monkeypatch.setattr(decoding, "make_mode", lambda cfg: OracleJacobi())
+    monkeypatch.setattr(decoding, "make_mode", lambda cfg, lm=None: OracleJacobi())
     cfg = DecodeConfig(mode="jacobi", block_size=4, max_new_tokens=40, cache_block=cache_block)
     batch = generate_ids(tiny_lm, ids, cfg)
     assert [r.token_ids for r in batch] == ar

@@ -187,3 +187,158 @@ def test_clean_forward_equals_the_clean_half_of_the_two_copy_pass(tiny_lm):
         both = forward_batch(tiny_lm.model, batch)[:, : batch.clean_len]
         alone = clean_forward(tiny_lm.model, batch)
     assert torch.allclose(both, alone, atol=1e-9)
+
+
+# ---- issue 13 items 2-3 and issue 14 item 7: loss weighting, prompt edge, truncation, shifted grids ----
+
+def _noisy_pairs(batch, row=0):
+    """{(position, target)} of a row's scored noisy outputs."""
+    Lc = batch.clean_len
+    lab = batch.noisy_labels[row]
+    pos = batch.position_ids[row, Lc:]
+    return sorted((int(pos[j]), int(lab[j])) for j in range(len(lab)) if lab[j] != -100)
+
+
+def test_prompt_length_multiple_of_b_keeps_the_first_response_noisy_target():
+    ex = Example([11, 12, 13, 14], [21, 22, 23, 2])  # p = 4 = B
+    dropped = build_batch([ex], 4, 99, 2, drop_prompt_noisy=True)
+    kept = build_batch([ex], 4, 99, 2, drop_prompt_noisy=False)
+    assert _noisy_pairs(dropped) == _noisy_pairs(kept) == [(3, 21), (4, 22), (5, 23), (6, 2)]
+    assert (dropped.clean_labels[0] != -100).sum() == 4
+
+
+def test_dropping_prompt_blocks_never_loses_a_noisy_target():
+    for B in (1, 2, 3, 4, 5):
+        for p in range(1, 11):
+            for offs in ([0], [B - 1], list(range(B))):
+                ex = Example(list(range(10, 10 + p)), [40, 41, 42, 43, 44, 2])
+                for skip in (False, True):
+                    a = build_batch([ex], B, 99, 2, drop_prompt_noisy=True, skip_last_slot=skip, offsets=[offs])
+                    b = build_batch([ex], B, 99, 2, drop_prompt_noisy=False, skip_last_slot=skip, offsets=[offs])
+                    assert _noisy_pairs(a) == _noisy_pairs(b), (B, p, offs, skip)
+
+
+def test_a_response_cut_by_max_length_gets_no_eos_target():
+    ex = Example([11, 12, 13], [21, 22, 23, 24, 25, 2])  # finished, 9 tokens
+    cut = build_batch([ex], 4, 99, 2, max_length=6)
+    assert cut.clean_labels[0].tolist() == [-100, -100, 21, 22, 23, -100, -100, -100]  # no EOS or pad after 23
+    assert 2 not in cut.noisy_labels[0].tolist()
+    whole = build_batch([ex], 4, 99, 2, max_length=9)  # fits exactly: still finished, EOS and pads scored
+    assert whole.clean_labels[0].tolist()[2:11] == [21, 22, 23, 24, 25, 2, 2, 2, 2]
+
+
+def test_per_sequence_loss_weighting():
+    g = torch.Generator().manual_seed(0)
+    a = Example([5, 6, 7], [30, 31, 2])
+    b = Example([5, 6], [40, 41, 42, 43, 44, 45, 46, 47, 48, 2])
+    batch = build_batch([a, b], 4, 99, 2)
+    logits = torch.randn(2, batch.input_ids.shape[1], 60, generator=g, dtype=torch.float64)
+    tok = mars_loss(logits, batch)
+    seq = mars_loss(logits, batch, per_sequence=True)
+
+    def want(lg, lab, per_seq):
+        ce = F.cross_entropy(lg.reshape(-1, 60), lab.reshape(-1), ignore_index=-100, reduction="none").view(lab.shape)
+        k = lab != -100
+        if per_seq:
+            return ((ce * k).sum(1) / k.sum(1)).mean()
+        return ce[k].mean()
+
+    Lc = batch.clean_len
+    for per_seq, got in ((False, tok), (True, seq)):
+        assert got["clean"].item() == pytest.approx(want(logits[:, :Lc], batch.clean_labels, per_seq).item(), rel=1e-6)
+        assert got["noisy"].item() == pytest.approx(want(logits[:, Lc:], batch.noisy_labels, per_seq).item(), rel=1e-6)
+    assert abs(tok["clean"].item() - seq["clean"].item()) > 1e-4  # unequal lengths: the weightings differ
+
+
+HAND_TWO_COPIES = """
+c0 10000 00000 00000
+c1 11000 00000 00000
+c2 11100 00000 00000
+c3 11110 00000 00000
+c4 11111 00000 00000
+a0 00000 10000 00000
+a1 00000 11000 00000
+a2 11000 00100 00000
+a3 11000 00110 00000
+a4 11110 00001 00000
+b0 00000 00000 10000
+b1 10000 00000 01000
+b2 10000 00000 01100
+b3 11100 00000 00010
+b4 11100 00000 00011
+"""
+
+
+def test_two_noisy_copies_mask_equals_hand_written_matrix():
+    from mars.objective import multi_copy_mask
+
+    # L=5, B=2: copy a on the grid {0,1}{2,3}{4}, copy b shifted by 1: {0}{1,2}{3,4}
+    rows = ["".join(line.split()[1:]) for line in HAND_TWO_COPIES.strip().splitlines()]
+    hand = torch.tensor([[c == "1" for c in r] for r in rows])
+    assert torch.equal(multi_copy_mask(5, 2, [(0, 5, 0), (0, 5, 1)]), hand)
+    # one copy with offset 0 is the plain mask; start must be a boundary of its own grid
+    assert torch.equal(mars_attention_mask(8, 4, 4, offset=0), multi_copy_mask(8, 4, [(4, 8, 0)]))
+    with pytest.raises(ValueError):
+        multi_copy_mask(8, 4, [(4, 8, 1)])
+    multi_copy_mask(8, 4, [(5, 8, 1)])
+
+
+def test_batch_layout_with_two_shifted_copies():
+    ex = Example([11, 12, 13], [21, 22, 23, 2])  # L = 7
+    batch = build_batch([ex], 2, 99, 2, drop_prompt_noisy=False, offsets=[[0, 1]])
+    Lc = batch.clean_len
+    assert Lc == 8  # padded to the end of grid 0's last block (8); grid 1 ends at 7
+    assert batch.input_ids[0, :Lc].tolist() == [11, 12, 13, 21, 22, 23, 2, 2]
+    assert batch.input_ids[0, Lc:].tolist() == [11, 12, 13] + [99] * 5 + [11, 12, 13] + [99] * 4
+    assert batch.position_ids[0, Lc:].tolist() == list(range(8)) + list(range(7))
+    assert batch.clean_labels[0].tolist() == [-100, -100, 21, 22, 23, 2, 2, -100]
+    assert batch.noisy_labels[0].tolist() == [-100, -100, 21, 22, 23, 2, 2, -100] + [-100, -100, 21, 22, 23, 2, -100]
+    from mars.objective import multi_copy_mask
+
+    assert torch.equal(batch.attention_mask[0, 0], multi_copy_mask(8, 2, [(0, 8, 0), (0, 7, 1)]))
+
+
+def test_draw_offsets():
+    from mars.objective import draw_offsets
+
+    seen = set()
+    for i in range(40):
+        o = draw_offsets(0, 0, i, 4, 1)
+        assert o == draw_offsets(0, 0, i, 4, 1) and 0 <= o[0] < 4
+        seen.add(o[0])
+        two = draw_offsets(0, 1, i, 4, 3, shift=False)
+        assert two[0] == 0 and len(set(two)) == 3 and all(0 <= x < 4 for x in two)
+    assert seen == {0, 1, 2, 3}
+    assert [draw_offsets(0, e, 5, 8, 1) for e in range(6)] != [draw_offsets(0, 0, 5, 8, 1)] * 6  # epochs differ
+    with pytest.raises(ValueError):
+        draw_offsets(0, 0, 0, 4, 5)
+
+
+def test_each_noisy_copy_is_its_own_single_copy_forward_and_aligns_with_decoding(tiny_lm):
+    from mars.objective import noisy_start
+
+    lm = tiny_lm
+    ex = _example(lm, 5, 15)  # L = 20, finished
+    B, L = 4, 20
+    both = build_batch([ex], B, lm.mask_token_id, 3, drop_prompt_noisy=True, offsets=[[1, 3]])
+    lb = forward_batch(lm.model, both)[0]
+    at = both.clean_len
+    seq = ex.prompt_ids + ex.response_ids
+    for o in (1, 3):
+        s, e = noisy_start(5, B, o), L + (o - L) % B
+        one = build_batch([ex], B, lm.mask_token_id, 3, drop_prompt_noisy=True, offsets=[[o]])
+        lo = forward_batch(lm.model, one)[0]
+        Lc1 = one.clean_len
+        assert both.position_ids[0, at:at + e - s].tolist() == list(range(s, e))
+        assert torch.allclose(lb[at:at + e - s], lo[Lc1:Lc1 + e - s], atol=1e-10)  # the copies do not see each other
+        at += e - s
+        # a block of this grid inside the response gives what the decoder proposes after the same prefix
+        start = o + 2 * B
+        assert start > 5
+        probs = torch.softmax(lo.float(), -1)
+        cfg = DecodeConfig(mode="mars", block_size=B, tau=1.0, max_new_tokens=1, top_k=3)
+        (record,) = next(decode_steps(lm, [seq[:start]], cfg))
+        expected = [probs[start - 1]] + [probs[Lc1 + start - s + j] for j in range(B - 1)]
+        for cands, p in zip(record.candidates, expected):
+            assert [c[0] for c in cands] == p.topk(3).indices.tolist()
+            assert torch.allclose(torch.tensor([c[1] for c in cands], dtype=torch.float64), p.topk(3).values.double(), atol=1e-6)
