@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from mars.bench import METHODS  # imports only the standard library: safe before argument parsing
+
 
 def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", default=None, help="Hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
@@ -30,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mode", default="mars", choices=["mars", "ar", "verified", "jacobi"])
     g.add_argument("--verify-groups", default="all", choices=["all", "last"],
                    help="verified mode: a mask group per acceptance outcome (all) or one after all drafts (last)")
+    g.add_argument("--drafts", default="mars", choices=["mars", "lookup", "both"],
+                   help="verified mode: drafts from the mask positions (mars), n-gram lookup in the prompt and "
+                        "text so far (lookup), or whichever is expected to be accepted more, pass by pass (both)")
     g.add_argument("--tau", type=float, default=0.9)
     g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
     g.add_argument("--max-new-tokens", type=int, default=128)
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="benchmark MARS against AR and peers, side by side in one run")
     b.add_argument("--prompts", required=True, help="one prompt per line, or JSONL with a 'prompt' field")
     _add_model_args(b)
-    b.add_argument("--methods", default="hf,ar,mars", help="comma list of hf,ar,mars,lookup,verified,verified_last,jacobi")
+    b.add_argument("--methods", default="hf,ar,mars", help="comma list of " + ",".join(METHODS))
     b.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.9, 0.7])
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     b.add_argument("--block-size", type=int, default=None)
@@ -156,8 +161,8 @@ def cmd_bench(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from mars.bench import (BenchConfig, compare_rows, format_compare, format_table, read_prompts, run_bench,
-                            spread_indices, to_json)
+    from mars.bench import (BenchConfig, by_kind, compare_rows, format_by_kind, format_compare, format_table,
+                            read_prompts, run_bench, spread_indices, to_json)
     from mars.loading import load
 
     _prepare_out(args.out)
@@ -183,6 +188,8 @@ def cmd_bench(args) -> int:
         mars_tau = 0.9 if 0.9 in taus else taus[0]
         print(format_compare(compare_rows(runs, ("mars", mars_tau), ("lookup", None), kinds),
                              f"mars@{mars_tau:g}", "lookup"))
+    if 1 in cfg.batch_sizes and any(kinds) and any(r.batch_size == 1 for r in runs):
+        print(format_by_kind(by_kind(runs, kinds)))
     if args.out:
         from mars.plots import bench_html, bench_png
 
@@ -208,7 +215,8 @@ def cmd_generate(args) -> int:
         mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
-        temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, backend=args.backend,
+        temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, drafts=args.drafts,
+        backend=args.backend,
     )
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):

@@ -39,7 +39,7 @@ import torch
 
 from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.backends import BACKENDS, make_backend
-from mars.modes import RowPlan, make_mode
+from mars.modes import DRAFT_SOURCES, RowPlan, make_mode
 
 MODES = ("mars", "ar", "verified", "jacobi")
 
@@ -59,6 +59,7 @@ class DecodeConfig:
     seed: int | None = None
     top_k: int = 0  # keep the top-k candidates of every proposal in the records (the app's inspector)
     verify_groups: str = "all"  # verified mode: "all" = a mask group per acceptance outcome, "last" = one
+    drafts: str = "mars"  # verified mode: drafts from the masks, n-gram "lookup" in the text, or "both" (mars.modes)
     # what runs the model (mars/backends.py): "auto" = "fast" (mars/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
@@ -82,6 +83,10 @@ class DecodeConfig:
         self.stop_strings = tuple(s for s in self.stop_strings if s)
         if self.verify_groups not in ("all", "last"):
             raise ValueError(f"verify_groups must be 'all' or 'last', got {self.verify_groups!r}")
+        if self.drafts not in DRAFT_SOURCES:
+            raise ValueError(f"drafts must be one of {DRAFT_SOURCES}, got {self.drafts!r}")
+        if self.drafts != "mars" and self.mode != "verified":
+            raise ValueError(f"drafts={self.drafts!r} needs mode 'verified' (the AR check that keeps copies exact)")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
@@ -140,6 +145,7 @@ class PassRecord:
     finish_reason: str | None = None  # "eos", "stop", "length", "cancelled" on the row's last pass
     candidates: list[list[tuple[int, float]]] | None = None  # top-k (id, prob) per proposal
     drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
+    draft_source: str | None = None  # verified: where the drafts sent came from, "mars" or "lookup"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -216,7 +222,8 @@ def decode_steps(
 ) -> Iterator[list[PassRecord]]:
     """Decode a batch of tokenized prompts; yield the records of every forward pass as it happens."""
     model, tok = lm.model, lm.tokenizer
-    if cfg.mode != "ar" and cfg.mode != "jacobi" and lm.mask_token_id is None:
+    needs_masks = cfg.mode == "mars" or (cfg.mode == "verified" and cfg.drafts != "lookup")
+    if needs_masks and lm.mask_token_id is None:
         raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -314,6 +321,7 @@ def decode_steps(
                     finish_reason=reason,
                     candidates=cands,
                     drafts_sent=len(plan.extra),
+                    draft_source=plan.source,
                 )
             )
 
