@@ -232,9 +232,12 @@ def cmd_generate(args) -> int:
             print(json.dumps({"prompt": prompt, "mode": cfg.mode, "tau": cfg.tau, "block_size": block, **res.to_dict()}))
         else:
             print(res.text)
+            sources = {s.draft_source for s in res.steps} - {None}
+            origin = "" if sources <= {"mars"} else ", drafts from " + ", ".join(
+                f"{src} in {sum(s.draft_source == src for s in res.steps)} passes" for src in sorted(sources))
             print(
                 f"[{cfg.mode} tau={cfg.tau} B={block}: {len(res.token_ids)} tokens in {res.forwards} forwards, "
-                f"{res.tokens_per_forward:.2f} tokens/forward, {res.seconds:.2f} s]",
+                f"{res.tokens_per_forward:.2f} tokens/forward, {res.seconds:.2f} s{origin}]",
                 file=sys.stderr,
             )
     return 0
