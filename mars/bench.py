@@ -7,6 +7,9 @@ Methods, all on the same prompts and model:
   lookup transformers prompt-lookup decoding (batch 1 only: transformers has no batched assisted decoding)
   verified the core's lossless mode: MARS drafts checked by the model's own AR logits (tau filters drafts),
          with a mask group per acceptance outcome; verified_last: one mask group, after all drafts
+  verified_lookup the same lossless check on drafts copied by n-gram lookup (prompt lookup on this core)
+  verified_both   drafts from the masks or from lookup, whichever is expected to be accepted more
+         (mars.modes.prefer_lookup); one mask group after the drafts, as verified_last
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
 Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
 (`run_bench` returns them); the table and the JSON file are written by `main`.
@@ -24,7 +27,10 @@ from pathlib import Path
 from mars.decoding import DEFAULT_CACHE_BLOCK
 from mars.records import RunTotals
 
-METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "jacobi")
+METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both", "jacobi")
+# the core's verified variants: method -> (verify_groups, drafts)
+VERIFIED = {"verified": ("all", "mars"), "verified_last": ("last", "mars"), "verified_lookup": ("last", "lookup"),
+            "verified_both": ("last", "both")}
 
 
 @dataclass
@@ -66,6 +72,7 @@ class Run:
     peak_rss_mb: float = 0.0
     input_per_pass: float | None = None  # forward-input positions per pass (the window width), core methods
     row_forwards: list[int] = field(default_factory=list)  # per prompt: the passes its row took
+    batch_seconds: list[float] = field(default_factory=list)  # per batch: its wall time (per prompt at batch 1)
     interrupted: bool = False  # the run stopped early: only the batches every method finished are counted
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -153,10 +160,10 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
 def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
     from mars.decoding import DecodeConfig, generate_ids
 
-    groups = "last" if mode == "verified_last" else "all"
-    cfg = DecodeConfig(mode="verified" if groups == "last" else mode, tau=1.0 if tau is None else tau,
+    groups, drafts = VERIFIED.get(mode, ("all", "mars"))
+    cfg = DecodeConfig(mode="verified" if mode in VERIFIED else mode, tau=1.0 if tau is None else tau,
                        block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
-                       verify_groups=groups)
+                       verify_groups=groups, drafts=drafts)
     runs = generate_ids(lm, batch, cfg)
     return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
@@ -167,7 +174,7 @@ def _plan(cfg: BenchConfig):
     for m in cfg.methods:
         if m == "mars":
             plan += [("mars", t) for t in cfg.taus]
-        elif m in ("verified", "verified_last"):
+        elif m in VERIFIED:
             plan.append((m, cfg.verify_tau))
         elif m != "ar":
             plan.append((m, None))
@@ -206,6 +213,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         forwards = {key: [] for key in plan}
         wall = {key: 0.0 for key in plan}
         totals = {key: RunTotals() for key in plan}
+        batch_wall = {key: [] for key in plan}
         interrupted = False
         try:
             for batch in batches:
@@ -218,6 +226,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
                 # counted only once every method has run this batch, so an interrupted run stays side by side
                 for key, ((outs, rows, batch_totals), seconds) in done.items():
                     wall[key] += seconds
+                    batch_wall[key].append(seconds)
                     outputs[key] += outs
                     forwards[key] += rows
                     totals[key] += batch_totals
@@ -244,7 +253,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
                 prefix_match_with_ar=sum(prefix_match(a, b) for a, b in zip(ar, outs)) / n_done,
                 mean_nll_under_ar=sum(nll) / max(1, len(nll)), peak_rss_mb=rss, outputs=outs,
                 input_per_pass=t.input_per_pass,
-                row_forwards=forwards[key], interrupted=interrupted,
+                row_forwards=forwards[key], batch_seconds=batch_wall[key], interrupted=interrupted,
             ))
         if interrupted:
             break
@@ -299,6 +308,42 @@ def format_compare(rows: list[dict], a: str, b: str) -> str:
     return "\n".join(lines)
 
 
+def by_kind(runs: list[Run], kinds: list[str | None], batch_size: int = 1) -> list[dict]:
+    """Per prompt kind and method (batch 1: one prompt per batch): tokens per forward and wall time against
+    core AR on the same prompts. Returns rows {kind, method, tau, prompts, tok_per_fwd, wall_s, vs_ar}."""
+    if batch_size != 1:
+        raise ValueError("per-kind wall time needs one prompt per batch")
+    runs = [r for r in runs if r.batch_size == 1]
+    ar = next((r for r in runs if r.method == "ar"), None)
+    if ar is None:
+        return []
+    rows = []
+    for kind in sorted(set(kinds[: ar.prompts]), key=lambda k: (k is None, k or "")):
+        idx = [i for i, k in enumerate(kinds[: ar.prompts]) if k == kind]
+        ar_wall = sum(ar.batch_seconds[i] for i in idx)
+        for r in runs:
+            new = sum(len(r.outputs[i]) for i in idx)
+            wall = sum(r.batch_seconds[i] for i in idx)
+            rows.append({"kind": kind, "method": r.method, "tau": r.tau, "prompts": len(idx),
+                         "tok_per_fwd": new / max(1, sum(r.row_forwards[i] for i in idx)), "wall_s": wall,
+                         "vs_ar": ar_wall / wall if wall else None})
+    return rows
+
+
+def format_by_kind(rows: list[dict]) -> str:
+    """One line per kind: each method's tokens per forward and speed against core AR."""
+    methods = list(dict.fromkeys((r["method"], r["tau"]) for r in rows))
+    name = lambda m, t: m if t is None or m.startswith("verified") else f"{m}@{t:g}"  # noqa: E731
+    head = f"{'kind':<14}{'n':>3}" + "".join(f"{name(m, t):>22}" for m, t in methods)
+    lines = ["tokens per forward / speed vs core AR, by kind (batch 1):", head, "-" * len(head)]
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        mine = {(r["method"], r["tau"]): r for r in rows if r["kind"] == kind}
+        n = next(iter(mine.values()))["prompts"]
+        cells = "".join(f"{mine[k]['tok_per_fwd']:>14.2f} {mine[k]['vs_ar']:>6.2f}x" for k in methods)
+        lines.append(f"{kind or 'all':<14}{n:>3}{cells}")
+    return "\n".join(lines)
+
+
 def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | None = None) -> dict:
     import torch
 
@@ -312,6 +357,7 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | Non
         "backend": cfg.backend,
         "interrupted": any(r.interrupted for r in runs),
         "kinds": list(kinds) if kinds else None,
+        "by_kind": by_kind(runs, kinds) if kinds and any(r.batch_size == 1 for r in runs) else None,
         "runs": [{**{k: v for k, v in asdict(r).items() if k != "outputs"},
                   "row_new_tokens": [len(o) for o in r.outputs]} for r in runs],
     }

@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from mars.bench import METHODS  # imports only the standard library: safe before argument parsing
+
 
 def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", default=None, help="Hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
@@ -37,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mode", default="mars", choices=list(MODES))
     g.add_argument("--verify-groups", default="all", choices=list(VERIFY_GROUPS),
                    help="verified mode: a mask group per acceptance outcome (all) or one after all drafts (last)")
+    g.add_argument("--drafts", default="mars", choices=["mars", "lookup", "both"],
+                   help="verified mode: drafts from the mask positions (mars), n-gram lookup in the prompt and "
+                        "text so far (lookup), or whichever is expected to be accepted more, pass by pass (both)")
     g.add_argument("--tau", type=float, default=0.9)
     g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
     g.add_argument("--max-new-tokens", type=int, default=128)
@@ -241,8 +246,8 @@ def cmd_bench(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from mars.bench import (BenchConfig, compare_rows, format_compare, format_table, read_prompts, run_bench,
-                            spread_indices, to_json)
+    from mars.bench import (BenchConfig, by_kind, compare_rows, format_by_kind, format_compare, format_table,
+                            read_prompts, run_bench, spread_indices, to_json)
     from mars.loading import load
 
     _prepare_out(args.out)
@@ -268,6 +273,8 @@ def cmd_bench(args) -> int:
         mars_tau = 0.9 if 0.9 in taus else taus[0]
         print(format_compare(compare_rows(runs, ("mars", mars_tau), ("lookup", None), kinds),
                              f"mars@{mars_tau:g}", "lookup"))
+    if 1 in cfg.batch_sizes and any(kinds) and any(r.batch_size == 1 for r in runs):
+        print(format_by_kind(by_kind(runs, kinds)))
     if args.out:
         from mars.plots import bench_html, bench_png
 
@@ -294,7 +301,8 @@ def cmd_generate(args) -> int:
         mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
-        temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, backend=args.backend,
+        temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, drafts=args.drafts,
+        backend=args.backend,
     )
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):
@@ -310,9 +318,12 @@ def cmd_generate(args) -> int:
             print(json.dumps({"prompt": prompt, **res.to_dict()}))
         else:
             print(res.text)
+            sources = {s.draft_source for s in res.steps} - {None}
+            origin = "" if sources <= {"mars"} else ", drafts from " + ", ".join(
+                f"{src} in {sum(s.draft_source == src for s in res.steps)} passes" for src in sorted(sources))
             print(
                 f"[{cfg.mode} tau={cfg.tau} B={block}: {res.tokens} tokens in {res.passes} passes, "
-                f"{res.tokens_per_pass:.2f} tokens/pass, {res.decode_seconds:.2f} s]",
+                f"{res.tokens_per_pass:.2f} tokens/pass, {res.decode_seconds:.2f} s{origin}]",
                 file=sys.stderr,
             )
     return 0

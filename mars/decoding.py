@@ -52,7 +52,7 @@ from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.backends import BACKENDS
 from mars.cache import BlockCache
 from mars.masks import window_mask
-from mars.modes import MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
+from mars.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
 from mars.records import PassRecord, RunRecord
 
 # The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
@@ -83,6 +83,7 @@ class DecodeConfig:
     seed: int | None = None
     top_k: int = 0  # keep the top-k candidates of every proposal in the records (the app's inspector)
     verify_groups: str = "all"  # verified mode: "all" = a mask group per acceptance outcome, "last" = one
+    drafts: str = "mars"  # verified mode: drafts from the masks, n-gram "lookup" in the text, or "both" (mars.modes)
     # what runs the model (mars/backends.py): "auto" = "fast" (mars/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
@@ -107,6 +108,9 @@ class DecodeConfig:
             self.seed = check_int("seed", self.seed, 0, 2 ** 63 - 1)
         self.top_k = check_int("top k", self.top_k, 0, MAX_TOP_K)
         self.verify_groups = check_choice("verify groups", self.verify_groups, VERIFY_GROUPS)
+        self.drafts = check_choice("drafts", self.drafts, DRAFT_SOURCES)
+        if self.drafts != "mars" and self.mode != "verified":
+            raise ValueError(f"drafts {self.drafts!r} needs mode 'verified' (the AR check that keeps copies exact)")
         self.backend = check_choice("backend", self.backend, BACKENDS)
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")
@@ -218,7 +222,8 @@ def decode_steps(
     lm, prompts: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None = None
 ) -> Iterator[list[PassRecord]]:
     """Decode a batch of tokenized prompts; yield the records of every forward pass as it happens."""
-    if cfg.mode not in ("ar", "jacobi") and lm.mask_token_id is None:
+    needs_masks = cfg.mode == "mars" or (cfg.mode == "verified" and cfg.drafts != "lookup")
+    if needs_masks and lm.mask_token_id is None:
         raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
@@ -311,6 +316,7 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
         finish_reason=reason,
         candidates=cands,
         drafts_sent=len(plan.extra),
+        draft_source=plan.source,
     )
 
 

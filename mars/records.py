@@ -38,6 +38,7 @@ class PassRecord:
     finish_reason: str | None = None  # "eos", "stop", "length", "cancelled" on the row's last pass
     candidates: list[list[tuple[int, float]]] | None = None  # top-k (id, prob) per proposal
     drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
+    draft_source: str | None = None  # verified: where the drafts sent came from, "mars" or "lookup"
 
     def to_dict(self) -> dict:
         """For a run's JSON: the row is the run's own, and empty candidates (top_k = 0) say nothing."""

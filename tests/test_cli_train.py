@@ -29,7 +29,8 @@ def hf_greedy(lm, ids, n):
 def test_cli_generate_json_equals_hf_greedy_on_a_local_random_llama(tiny_dir):
     lm = load(str(tiny_dir))
     prompts = ["what is the capital of france ?", "tell me a word"]
-    for extra in (["--tau", "1.0"], ["--mode", "ar"], ["--mode", "verified", "--tau", "0"]):
+    for extra in (["--tau", "1.0"], ["--mode", "ar"], ["--mode", "verified", "--tau", "0"],
+                  ["--mode", "verified", "--tau", "0", "--drafts", "both", "--verify-groups", "last"]):
         out = run_cli("generate", *prompts, "--model", str(tiny_dir), "--json", "--max-new-tokens", "24", *extra)
         assert out.returncode == 0, out.stderr
         lines = [json.loads(line) for line in out.stdout.splitlines()]
@@ -60,6 +61,8 @@ def test_cli_errors_are_one_line_and_non_zero(tmp_path):
     assert out.returncode == 2
     out = run_cli("generate", "hi", "--tau", "3", "--adapter", "none")
     assert out.returncode == 2 and "tau" in out.stderr
+    out = run_cli("generate", "hi", "--drafts", "lookup", "--adapter", "none")  # copies need the AR check
+    assert out.returncode == 2 and "needs mode 'verified'" in out.stderr
 
 
 def _data(path: Path):

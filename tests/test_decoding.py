@@ -366,3 +366,90 @@ def test_cli_choices_come_from_the_registries():
     choices = {a.dest: a.choices for a in gen._actions if a.choices}
     assert choices["mode"] == list(MODES) and choices["backend"] == list(BACKENDS)
     assert choices["confidence"] == list(CONFIDENCE_MEASURES)
+
+
+# ---- verified mode with drafts from n-gram lookup, or from whichever source the "both" rule prefers
+
+
+REPEAT_PROMPTS = [
+    "the water and the earth and the air and the water and the earth and the",
+    "one two three one two three one two",
+    "tell me a word",
+    "add 2 + 3 = ? add 2 + 3 = ? add 2 +",
+]
+
+
+def test_lookup_drafts_copy_the_latest_longest_match():
+    from mars.lookup import lookup_drafts
+
+    toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
+    look = lookup_drafts(toks, max_ngram=3)
+    assert (look.ngram, look.drafts) == (2, [7, 8, 5, 2])  # "2 3" last seen before "7 8 5 2 3"; 2n copied
+    assert look.expected > lookup_drafts([4, 5, 6, 5]).expected > lookup_drafts([4, 5, 6]).expected == 0
+    assert lookup_drafts(toks, max_ngram=3, per_matched=3).drafts == [7, 8, 5, 2, 3]
+    assert lookup_drafts(toks, max_ngram=3, max_drafts=2).drafts == [7, 8]
+    assert lookup_drafts([1, 2, 3, 1, 2], max_ngram=3).drafts == [3, 1, 2]  # the copy may run into the suffix
+    assert lookup_drafts([4, 5, 6], max_ngram=3).ngram == 0  # nothing repeats
+    assert lookup_drafts([4, 5, 6, 5], max_ngram=3).drafts == [6, 5]  # a one-token match
+    assert lookup_drafts([4], max_ngram=3).drafts == []
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("drafts,groups", [("lookup", "last"), ("both", "last"), ("both", "all")])
+@pytest.mark.parametrize("backend", ["hf", "fast"])
+def test_verified_with_lookup_drafts_reproduces_ar_greedy(tiny_lm, tiny_qwen, arch, drafts, groups, backend):
+    lm = tiny_lm if arch == "llama" else tiny_qwen
+    ids = encode_all(lm, REPEAT_PROMPTS)  # different lengths: the batch is left-padded
+    ar = [generate_ids(lm, [p], DecodeConfig(mode="ar", max_new_tokens=60))[0].token_ids for p in ids]
+    kw = dict(mode="verified", drafts=drafts, verify_groups=groups, tau=0.0, max_new_tokens=60, backend=backend)
+    alone = [generate_ids(lm, [p], DecodeConfig(**kw, cache_block=8))[0] for p in ids]
+    assert [r.token_ids for r in alone] == ar
+    assert [r.token_ids for r in generate_ids(lm, ids, DecodeConfig(**kw, cache_block=8))] == ar
+    assert [r.token_ids for r in generate_ids(lm, ids, DecodeConfig(**kw, use_cache=False))] == ar
+    steps = [s for r in alone for s in r.steps]
+    assert all(s.draft_source in ("mars", "lookup") if s.drafts_sent else s.draft_source is None for s in steps)
+    copied = [s for s in steps if s.draft_source == "lookup"]
+    assert copied, "lookup drafts should fire on these repetitive prompts"
+    if drafts == "lookup":
+        assert all(s.draft_source in ("lookup", None) for s in steps)
+        assert any(len(s.token_ids) > 1 for s in copied)  # some copies were right: rows ran ahead
+    for s in steps:
+        assert len(s.token_ids) <= s.drafts_sent + 1
+        assert len(s.rejected_confidences) == len(s.rejected_token_ids)
+        assert all(0.0 <= c <= 1.0 for c in s.rejected_confidences)
+
+
+def test_lookup_drafts_need_no_mask_token():
+    import tiny
+
+    lm = tiny.make_loaded(mask=False)
+    ids = encode_prompt(lm.tokenizer, REPEAT_PROMPTS[1])
+    ar = generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=30))[0].token_ids
+    assert generate_ids(lm, [ids], DecodeConfig(mode="verified", drafts="lookup", max_new_tokens=30))[0].token_ids == ar
+    with pytest.raises(ValueError, match="mask token"):
+        generate_ids(lm, [ids], DecodeConfig(mode="verified", drafts="both", max_new_tokens=30))
+
+
+def test_draft_sources_are_checked_once_in_the_config():
+    with pytest.raises(ValueError, match="drafts must be one of"):
+        DecodeConfig(mode="verified", drafts="medusa")
+    with pytest.raises(ValueError, match="needs mode 'verified'"):
+        DecodeConfig(mode="mars", drafts="lookup")
+
+
+REWRITE = ("Rewrite this sentence in the passive voice: The committee approved the new budget for the "
+           "public library after a long debate about the costs of the renovation.")
+
+
+@pytest.mark.parametrize("drafts", ["lookup", "both"])
+def test_default_model_lookup_drafts_are_accepted_and_exact(default_lm, drafts):
+    ids = encode_prompt(default_lm.tokenizer, REWRITE)
+    ar = generate_ids(default_lm, [ids], DecodeConfig(mode="ar", max_new_tokens=40))[0].token_ids
+    cfg = DecodeConfig(mode="verified", drafts=drafts, verify_groups="last", tau=0.0, max_new_tokens=40)
+    res = generate_ids(default_lm, [ids], cfg)[0]
+    assert res.token_ids == ar
+    copied = [s for s in res.steps if s.draft_source == "lookup"]
+    assert sum(len(s.token_ids) - 1 for s in copied) >= 5  # the copies of the prompt's words were taken
+    assert res.tokens_per_pass > 1.3
+    batch = generate_ids(default_lm, [ids, encode_prompt(default_lm.tokenizer, DEFAULT_PROMPTS[0])], cfg)
+    assert batch[0].token_ids == ar

@@ -65,13 +65,14 @@ def test_bench_runs_all_methods_side_by_side(tiny_lm, tmp_path):
     f.write_text("what is the capital of france ?\n{\"prompt\": \"tell me a word\"}\n\nadd 2 + 3\n")
     prompts = read_prompts(f)
     assert prompts == ["what is the capital of france ?", "tell me a word", "add 2 + 3"]
-    cfg = BenchConfig(prompts, methods=("hf", "ar", "mars", "lookup", "verified", "jacobi"), taus=(1.0, 0.0), batch_sizes=(1, 2),
-                      max_new_tokens=12)
+    cfg = BenchConfig(prompts, methods=("hf", "ar", "mars", "lookup", "verified", "verified_lookup", "verified_both",
+                                        "jacobi"), taus=(1.0, 0.0), batch_sizes=(1, 2), max_new_tokens=12)
     runs = run_bench(tiny_lm, cfg)
     keys = [(r.method, r.tau, r.batch_size) for r in runs]
     assert ("lookup", None, 1) in keys and ("lookup", None, 2) not in keys
     for r in runs:
-        if r.method in ("ar", "hf", "lookup", "verified", "jacobi") or (r.method == "mars" and r.tau == 1.0):
+        if r.method in ("ar", "hf", "lookup", "verified", "verified_lookup", "verified_both", "jacobi") or (
+                r.method == "mars" and r.tau == 1.0):
             assert r.exact_match_with_ar == 1.0, r  # all greedy-exact methods agree with AR
         if r.method == "ar":
             assert r.speedup_vs_ar == 1.0 and r.tokens_per_forward == 1.0
@@ -115,6 +116,23 @@ def test_compare_rows_counts_wins_per_kind():
     assert compare_rows(runs, ("mars", 0.9), ("lookup", None))[0]["prompts"] == 4  # no kinds: one row
     assert compare_rows(runs, ("mars", 0.5), ("lookup", None)) == []
     assert "rewrite" in format_compare(rows, "mars", "lookup")
+
+
+def test_by_kind_reports_each_kind_against_ar():
+    from mars.bench import Run, by_kind, format_by_kind
+
+    def run(method, tau, forwards, seconds):  # 4 prompts of 12 tokens each, at batch 1
+        return Run(method, tau, 1, 4, 48, sum(forwards), 1.0, sum(seconds), 1.0, outputs=[[0] * 12] * 4,
+                   row_forwards=forwards, batch_seconds=seconds)
+
+    runs = [run("ar", None, [12] * 4, [1.0, 1.0, 2.0, 2.0]),
+            run("verified_both", 0.0, [6, 12, 4, 4], [0.5, 1.5, 1.0, 1.0])]
+    rows = by_kind(runs, ["facts", "facts", "rewrite", "rewrite"])
+    got = {(r["kind"], r["method"]): (round(r["tok_per_fwd"], 3), round(r["vs_ar"], 3)) for r in rows}
+    assert got == {("facts", "ar"): (1.0, 1.0), ("rewrite", "ar"): (1.0, 1.0),
+                   ("facts", "verified_both"): (1.333, 1.0), ("rewrite", "verified_both"): (3.0, 2.0)}
+    text = format_by_kind(rows)
+    assert "rewrite" in text and "verified_both" in text and "2.00x" in text
 
 
 def test_spread_indices():
