@@ -28,7 +28,8 @@ def test_registry_lists_the_authors_checkpoints():
         assert c.base_model == f"Qwen/Qwen2.5-{c.hub_id.split('-')[2]}-Instruct"
         assert c.kind == ("ar-sft" if c.hub_id.endswith("AR-SFT") else "mars-no-sft" if "no-sft" in c.hub_id
                           else "mars")
-    assert hub.find_checkpoint(BLK4).fits_cpu_space and not hub.find_checkpoint(BLK4.replace("0.5B", "7B")).fits_cpu_space
+    assert hub.find_checkpoint(BLK4).fits_cpu_space
+    assert not hub.find_checkpoint(BLK4.replace("0.5B", "7B")).fits_cpu_space
 
 
 def test_dropdown_choices_start_with_the_default():
