@@ -1,0 +1,212 @@
+"""Two self-contained pieces of the app's UI, each built by one call inside an open `gr.Blocks`/`gr.Tab`:
+
+- `build_batch_tab(get_lm, pass_lock)`: the Batch tab (the paper's Figure 4, live);
+- `build_model_list(install)`: the paper's published checkpoints in the Model tab.
+
+They take callables instead of reaching into the app: `get_lm()` returns the shared model (raising
+`gr.Error` when it cannot), `pass_lock` is held around every forward pass (the app's ModelHolder.pass_lock),
+`install(lm)` makes a loaded model the one everybody uses (e.g. ModelHolder.replace). The logic lives in
+`mars.batch_view` / `mars.hub`, the drawing in `mars.batch_viz`; this file only wires components.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import gradio as gr
+
+from mars import batch_viz, viz
+from mars.batch_view import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
+from mars.decoding import DecodeControl
+from mars.hub import DEFAULT_CHOICE, SOURCE, load_checkpoint, model_choices
+
+CHART_EVERY_S = 1.0  # the timeline is redrawn at most this often while a batch streams (rows: every pass)
+BATCH_CSS = batch_viz.BATCH_CSS + "#batch-output .mars-batch { max-height: 48em; overflow-y: auto; }\n"
+EXAMPLE_PROMPTS = "\n".join([
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Explain in one sentence what a KV cache is.",
+])
+EMPTY = "One row per prompt appears here; each coloured span is one forward pass of the whole batch."
+
+
+@dataclass
+class BatchSession:
+    """One visitor's batch state (a gr.State): the running batch's control and its download files."""
+
+    control: DecodeControl | None = None
+    folder: str | None = None
+    last: dict = field(default_factory=dict)
+
+    def stop(self):
+        if self.control is not None:
+            self.control.cancel()
+
+    def close(self):
+        self.stop()
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = None
+
+
+def write_batch_files(session: BatchSession, state, comp, model: dict) -> tuple[str, str]:
+    """The batch as a coloured HTML page and a JSON trace, in a fresh folder (the previous one is deleted)."""
+    if session.folder:
+        shutil.rmtree(session.folder, ignore_errors=True)
+    folder = Path(tempfile.mkdtemp(prefix="mars-batch-"))
+    session.folder = str(folder)
+    html_path, json_path = folder / "mars-batch.html", folder / "mars-batch.json"
+    name = model.get("model", "model")
+    html_path.write_text(batch_viz.standalone_batch_html(state, comp, f"MARS batch of {len(state.rows)} ({name})",
+                                                         summary_line(state)), encoding="utf-8")
+    trace = {"model": model, "batch": state.to_dict(), "comparison": comp.to_dict() if comp else None}
+    json_path.write_text(json.dumps(trace, indent=1), encoding="utf-8")
+    return str(html_path), str(json_path)
+
+
+def summary_line(state) -> str:
+    return (f"{len(state.rows)} prompts, {state.passes} forward passes of the batch, {state.tokens} tokens "
+            f"({state.tokens_per_forward:.2f} per pass), {state.idle_row_passes} row-passes idle at cache-block ends, "
+            f"{state.seconds:.2f} s of decoding; tau {state.settings['tau']}, B {state.settings['block_size']}, "
+            f"cache block {state.settings['cache_block']}.")
+
+
+def make_batch_runner(get_lm: Callable[[], object], pass_lock=None, check_prompt: Callable | None = None,
+                      make_config: Callable | None = None, encode: Callable | None = None):
+    """The Batch tab's run handler: a generator of (rows, timeline, comparison, html file, json file)."""
+    if check_prompt is None or make_config is None or encode is None:
+        from mars import app_inputs
+
+        check_prompt = check_prompt or app_inputs.check_prompt
+        make_config = make_config or app_inputs.make_config
+        encode = encode or app_inputs.encode_checked
+
+    def run(prompts_text, tau, block_size, max_new_tokens, cache_block, axis, session: BatchSession):
+        lm = get_lm()
+        try:
+            prompts = parse_batch_prompts(prompts_text, check_prompt)
+            if lm.mask_token_id is None:
+                raise ValueError("this model has no mask token: it runs AR only, so there is no MARS batch to show")
+            cfg = make_config("mars", tau, block_size, max_new_tokens, "prob", top_k=0, cache_block=cache_block)
+            ids = [encode(lm, p, cfg) for p in prompts]
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+        session.stop()
+        control = session.control = DecodeControl()
+        skip = gr.update()
+        last_chart, state, comp = 0.0, None, None
+        try:
+            for state in run_batch(lm, prompts, ids, cfg, control, pass_lock):
+                chart = skip
+                if state.done or time.perf_counter() - last_chart > CHART_EVERY_S:
+                    chart, last_chart = batch_viz.make_batch_timeline_figure(state, axis), time.perf_counter()
+                yield batch_viz.render_batch_html(state), chart, batch_viz.render_comparison_html(None), skip, skip
+            if not control.cancelled:
+                for comp in measure_comparison(lm, state, cfg, control, pass_lock):
+                    yield skip, skip, batch_viz.render_comparison_html(comp), skip, skip
+        except GeneratorExit:  # the visitor left: no pass starts for nobody
+            control.cancel()
+            raise
+        except Exception as e:  # the app keeps serving
+            raise gr.Error(f"The batch run failed: {type(e).__name__}: {e}") from None
+        session.last = {"state": state, "comp": comp}
+        html_path, json_path = write_batch_files(session, state, comp, lm.describe())
+        comp_html = batch_viz.render_comparison_html(comp) if comp else (
+            '<div class="mars-note">stopped: no comparison was run.</div>')
+        yield (batch_viz.render_batch_html(state), batch_viz.make_batch_timeline_figure(state, axis), comp_html,
+               gr.update(value=html_path, interactive=True), gr.update(value=json_path, interactive=True))
+
+    return run
+
+
+def build_batch_tab(get_lm: Callable[[], object], pass_lock=None, concurrency_limit: int | str | None = "default",
+                    runner: Callable | None = None) -> SimpleNamespace:
+    """The Batch tab's components and events; call inside `with gr.Tab("Batch"):`. Returns the components.
+    Runs share the concurrency id "model" with the app's other model events (pass the app's limit).
+
+    elem ids: batch-prompts, batch-run, batch-stop, batch-tau, batch-block-size, batch-max-new-tokens,
+    batch-cache-block, batch-axis, batch-output (one .mars-row per prompt), batch-chart, batch-compare,
+    batch-download-html, batch-download-json.
+    """
+    c = SimpleNamespace()
+    session = gr.State(BatchSession(), delete_callback=BatchSession.close)
+    gr.Markdown(f"Up to {MAX_BATCH} prompts decoded **as one batch** on the block-level KV cache (the paper's "
+                "Figure 4). Rows accept different numbers of tokens per pass; a row that reaches the end of the "
+                "current cache block **idles** (⏸) until every row has filled it. Afterwards the same prompts run "
+                "one at a time and as AR at the same batch size: every number below is measured.")
+    with gr.Row():
+        c.prompts = gr.Textbox(EXAMPLE_PROMPTS, label=f"Prompts, one per line (1 to {MAX_BATCH})", lines=5,
+                               elem_id="batch-prompts", scale=3)
+        with gr.Column(scale=2):
+            c.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, label="τ", elem_id="batch-tau")
+            c.block = gr.Slider(1, 16, value=4, step=1, label="block size B", elem_id="batch-block-size")
+            c.max_new = gr.Slider(8, 256, value=64, step=8, label="max new tokens", elem_id="batch-max-new-tokens")
+            c.cache_block = gr.Slider(4, 64, value=16, step=4, label="cache block (paper: 32 at batch 4/8)",
+                                      elem_id="batch-cache-block")
+            c.axis = gr.Radio([("seconds", "time"), ("forward passes", "pass")], value="time",
+                              label="timeline axis", elem_id="batch-axis")
+    with gr.Row():
+        c.run = gr.Button("Run batch", variant="primary", elem_id="batch-run")
+        c.stop = gr.Button("Stop", variant="stop", elem_id="batch-stop")
+    gr.HTML(batch_viz.render_batch_legend_html())
+    c.output = gr.HTML(batch_viz.render_batch_html(None, placeholder=EMPTY), elem_id="batch-output")
+    c.chart = gr.Plot(batch_viz.make_batch_timeline_figure(None), show_label=False, elem_id="batch-chart")
+    c.compare = gr.HTML(batch_viz.render_comparison_html(None), elem_id="batch-compare")
+    with gr.Row():
+        c.download_html = gr.DownloadButton("Download coloured HTML", interactive=False,
+                                            elem_id="batch-download-html", size="sm")
+        c.download_json = gr.DownloadButton("Download batch trace (JSON)", interactive=False,
+                                            elem_id="batch-download-json", size="sm")
+    c.session = session
+    c.runner = runner or make_batch_runner(get_lm, pass_lock)
+    inputs = [c.prompts, c.tau, c.block, c.max_new, c.cache_block, c.axis, session]
+    outputs = [c.output, c.chart, c.compare, c.download_html, c.download_json]
+    c.event = c.run.click(c.runner, inputs, outputs, concurrency_id="model", concurrency_limit=concurrency_limit,
+                          api_visibility="private", show_progress="hidden", trigger_mode="once")
+    c.stop.click(lambda s: s.stop(), [session], None, queue=False, api_visibility="private")
+    return c
+
+
+def make_model_loader(install: Callable[[object], object]):
+    """The paper-checkpoint Load handler: (hub id, gr.Progress) -> message HTML. `install(lm)` may raise:
+    a model that cannot run never replaces one that can."""
+
+    def load(hub_id, progress=gr.Progress()):
+        lm, message = load_checkpoint(hub_id, lambda fraction, text: progress(fraction, desc=text))
+        if lm is not None:
+            try:
+                install(lm)
+            except Exception as e:  # noqa: BLE001 - the message says it
+                message = f"Could not run {lm.name}: {type(e).__name__}: {e}. The current model keeps serving."
+        cls = "mars-note" if lm is not None and message.startswith("Loaded") else "mars-banner"
+        return f'<div class="{cls}">{viz.esc(message)}</div>'
+
+    return load
+
+
+def build_model_list(install: Callable[[object], object]) -> SimpleNamespace:
+    """The paper's checkpoints as a list with a Load button; call inside the Model tab. Returns the components
+    and the load event (chain `.then(...)` on `event` to refresh the app's model panel).
+
+    elem ids: paper-checkpoint (dropdown), load-paper (button), paper-message (result / progress).
+    """
+    c = SimpleNamespace()
+    gr.Markdown(f"**The paper's own checkpoints** (published by its authors; list from {SOURCE}). Full "
+                "fine-tunes of Qwen2.5-Instruct, loaded as plain causal Qwen2; the 0.5B ones run on a CPU Space, "
+                "the 7B ones need a large machine. Downloading needs internet access from this server.")
+    with gr.Row():
+        c.dropdown = gr.Dropdown(model_choices(), value=DEFAULT_CHOICE, label="checkpoint", elem_id="paper-checkpoint",
+                                 scale=4)
+        c.button = gr.Button("Load checkpoint", elem_id="load-paper", scale=1)
+    c.message = gr.HTML(elem_id="paper-message")
+    c.loader = make_model_loader(install)
+    c.event = c.button.click(c.loader, [c.dropdown], [c.message], concurrency_limit=1, api_visibility="private")
+    return c
