@@ -42,7 +42,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(int(os.environ.get("MARS_THREADS", "1")))
     import app
-    from mars.app_state import Session
+    from mars.app.session import Session
 
     prompts = [e["prompt"] for e in json.loads((ROOT / "assets" / "examples.json").read_text())]
     ui = app.create_demo().mars_app

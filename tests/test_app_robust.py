@@ -21,8 +21,10 @@ import httpx
 import pytest
 
 import app as app_module
-from mars import app_state
-from mars.app_state import Session, check_prompt, default_provider, make_config, sanitize_text
+from mars.app import serving
+from mars.app.serving import default_provider
+from mars.app.session import Session
+from mars.app_inputs import check_prompt, make_config, sanitize_text
 from mars.decoding import DecodeConfig, encode_prompt, generate_ids
 from mars.loading import LoadError
 from tiny import make_loaded, save_tiny
@@ -30,6 +32,12 @@ from tiny import make_loaded, save_tiny
 PROMPT = "what is the capital of france ?"
 MARS, VERIFIED = "MARS (tau rule)", "Verified (lossless)"
 
+
+
+def call_api(ui, *args):
+    """What an API client gets: the endpoint is a generator (one yield per pass), the client the last yield."""
+    *_, last = ui.api_generate(*args)
+    return last
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -78,7 +86,7 @@ def counting(monkeypatch, delay: float = 0.0) -> list[int]:
 
     Wraps the decoder's stream where the app calls it, so it counts whatever backend runs the model.
     """
-    calls, real = [0], app_state.stream
+    calls, real = [0], serving.stream
 
     def counted(*args, **kwargs):
         for rec in real(*args, **kwargs):
@@ -86,7 +94,7 @@ def counting(monkeypatch, delay: float = 0.0) -> list[int]:
             time.sleep(delay)
             yield rec
 
-    monkeypatch.setattr(app_state, "stream", counted)
+    monkeypatch.setattr(serving, "stream", counted)
     return calls
 
 
@@ -124,7 +132,7 @@ def test_sanitize_keeps_text_but_makes_it_valid():
 @pytest.mark.parametrize("prompt", [None, "", "   ", "\n\t \r", "\x00\x00", " \x00 "])
 def test_empty_prompts_have_one_message(ui, prompt):
     with pytest.raises(gr.Error, match="the prompt is empty"):
-        ui.api_generate(prompt, 0.9, 4, 10)
+        call_api(ui, prompt, 0.9, 4, 10)
     with pytest.raises(gr.Error, match="the prompt is empty"):
         list(run(ui, Session(), prompt=prompt))
 
@@ -132,24 +140,24 @@ def test_empty_prompts_have_one_message(ui, prompt):
 def test_non_text_prompt(ui):
     for prompt in (3, ["a"], {"a": 1}, b"bytes"):
         with pytest.raises(gr.Error, match="the prompt must be text"):
-            ui.api_generate(prompt, 0.9, 4, 10)
+            call_api(ui, prompt, 0.9, 4, 10)
 
 
 @pytest.mark.parametrize("name", list(ODD_PROMPTS))
 def test_odd_prompts_are_answered(ui, lm, name):
     prompt = ODD_PROMPTS[name]
-    text, trace = ui.api_generate(prompt, 0.5, 4, 12)
+    text, trace = call_api(ui, prompt, 0.5, 4, 12)
     assert text == alone(lm, prompt, tau=0.5, max_new=12).text
     json.dumps(trace, ensure_ascii=False).encode("utf-8")  # what Gradio's JSON encoder needs
     assert trace["prompt"] == sanitize_text(prompt)
     updates = list(run(ui, Session(), prompt=prompt, max_new=12))
-    assert 'data-state="done"' in updates[-1][ui.c.stats]
+    assert 'data-state="done"' in updates[-1][ui.ui.stats]
 
 
 def test_prompt_token_cap_is_server_side_and_named(ui, monkeypatch):
     monkeypatch.setenv("MARS_MAX_PROMPT_TOKENS", "20")
     with pytest.raises(gr.Error, match="too long: 35 tokens with the chat template, at most 20"):
-        ui.api_generate("the " * 30, 0.9, 4, 10)
+        call_api(ui, "the " * 30, 0.9, 4, 10)
     with pytest.raises(gr.Error, match="at most 20"):
         list(run(ui, Session(), prompt="the " * 30))
     with pytest.raises(ValueError, match="limited to 20 tokens"):  # checked before tokenizing: cheap
@@ -157,7 +165,7 @@ def test_prompt_token_cap_is_server_side_and_named(ui, monkeypatch):
     monkeypatch.delenv("MARS_MAX_PROMPT_TOKENS")
     # within the cap but not within the tiny model's context of 512 positions
     with pytest.raises(gr.Error, match="context of 512 tokens"):
-        ui.api_generate("the " * 400, 0.9, 4, 128)
+        call_api(ui, "the " * 400, 0.9, 4, 128)
 
 
 # --------------------------------------------------------------------------------------------- parameters
@@ -182,7 +190,7 @@ def test_bad_parameters_have_clear_messages(ui, name, value):
     assert len(str(err.value)) < 200  # a client's huge value is not echoed back whole
     if name != "mode":
         with pytest.raises(gr.Error, match=label):
-            ui.api_generate(args["prompt"], args["tau"], args["block_size"], args["max_new_tokens"])
+            call_api(ui, args["prompt"], args["tau"], args["block_size"], args["max_new_tokens"])
 
 
 def test_cache_block_and_confidence_are_checked():
@@ -198,10 +206,10 @@ def test_block_size_beyond_the_trained_one_runs_but_is_flagged(ui, lm):
     lm.trained_block_size = 2
     try:
         updates = list(run(ui, Session(), block=4))
-        assert "larger than the 2 this model was trained with" in updates[-1][ui.c.stats]
-        text, trace = ui.api_generate(PROMPT, 0.9, 4, 10)
+        assert "larger than the 2 this model was trained with" in updates[-1][ui.ui.stats]
+        text, trace = call_api(ui, PROMPT, 0.9, 4, 10)
         assert text == alone(lm, PROMPT, max_new=10).text and "larger than the 2" in trace["warnings"][0]
-        assert ui.api_generate(PROMPT, 0.9, 2, 10)[1]["warnings"] == []
+        assert call_api(ui, PROMPT, 0.9, 2, 10)[1]["warnings"] == []
     finally:
         lm.trained_block_size = None
 
@@ -247,8 +255,8 @@ def test_a_model_without_mask_token_runs_ar_and_says_so():
         updates = list(run(ui, session, max_new=20, compare=True, mode=mode))
         assert session.mars.mode == "ar" and session.ar is None  # nothing to compare with itself
         assert session.mars.token_ids == expected.token_ids
-        assert "no mask token" in updates[-1][ui.c.stats] and "plain AR" in updates[-1][ui.c.stats]
-    text, trace = ui.api_generate(PROMPT, 0.9, 4, 20)
+        assert "no mask token" in updates[-1][ui.ui.stats] and "plain AR" in updates[-1][ui.ui.stats]
+    text, trace = call_api(ui, PROMPT, 0.9, 4, 20)
     assert text == expected.text and "no mask token" in trace["warnings"][0]
     assert "AR only" in ui.model_info()[0]
     with pytest.raises(gr.Error, match="no mask token"):
@@ -263,17 +271,17 @@ def test_a_failed_load_leaves_the_app_up_with_one_clear_message():
         raise LoadError("could not load model '<b>nope</b>'")
 
     ui = app_module.create_demo(provider).mars_app
-    banner, table, _ = ui.model_info()
+    banner, table, *_ = ui.model_info()
     assert "The model could not be loaded" in banner and "&lt;b&gt;nope" in banner and "<b>nope" not in banner
     assert "keeps running" in banner
     for _ in range(2):
         with pytest.raises(gr.Error, match="could not be loaded"):
             list(run(ui, Session()))
         with pytest.raises(gr.Error, match="could not be loaded"):
-            ui.api_generate(PROMPT)
+            call_api(ui, PROMPT)
     assert len(calls) == 1  # remembered: visitors do not each wait for a doomed load
     ui.holder.replace(make_loaded())  # what the Model tab's Load does
-    assert ui.api_generate(PROMPT, 0.9, 4, 5)[0]
+    assert call_api(ui, PROMPT, 0.9, 4, 5)[0]
 
     def broken():
         raise RuntimeError("out of memory")
@@ -310,7 +318,7 @@ def test_missing_adapter_falls_back_to_the_bare_model_with_a_visible_warning(tmp
 
 
 def test_hub_offline_is_honoured_without_a_network_call(monkeypatch):
-    from mars.app_state import hub_reachable, load_other
+    from mars.app.serving import hub_reachable, load_other
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_reachable() is False

@@ -96,7 +96,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    from mars.app_state import default_provider
+    from mars.app.serving import default_provider
     from tiny import save_tiny
 
     folder = save_tiny(tmp_path_factory.mktemp("tiny") / "model")
@@ -256,7 +256,7 @@ def test_how_it_works_heatmap(browser, tiny_server):
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("MARS_BROWSER_DEFAULT") != "1", reason="set MARS_BROWSER_DEFAULT=1 (default model)")
 def test_default_model_time_to_first_group(browser):
-    from mars.app_state import default_provider
+    from mars.app.serving import default_provider
 
     demo, url = serve(default_provider())
     try:
