@@ -39,6 +39,7 @@ def call_api(ui, *args):
     *_, last = ui.api_generate(*args)
     return last
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -429,6 +430,141 @@ def test_a_visitor_who_leaves_mid_run_frees_the_model_within_a_pass(monkeypatch)
         assert calls[0] - at > 1 and text
     finally:
         demo.close()
+
+
+def test_an_api_caller_who_leaves_frees_the_model_within_a_pass(monkeypatch):
+    """A plain /generate call over Gradio's protocol, hung up mid-run: its run stops within one pass, and the
+    next caller's run starts at once (Gradio cannot cancel a plain function; the endpoint is a generator)."""
+    lm = endless(make_loaded())
+    calls = counting(monkeypatch, delay=0.05)
+    demo, url = serve(lambda: lm)
+    try:
+        demo.mars_app.holder.get()
+        dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == "generate")
+        body = {"data": [PROMPT, 0.9, 4, 400], "fn_index": dep["id"], "session_hash": "api-leaver",
+                "event_data": None, "trigger_id": None}
+        assert httpx.post(f"{url}gradio_api/queue/join", json=body, timeout=10).status_code == 200
+        with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": "api-leaver"},
+                          timeout=30) as resp:
+            for line in resp.iter_lines():
+                if '"process_generating"' in line and calls[0] >= 8:
+                    break  # the client goes away
+        at = calls[0]
+        assert 8 <= at < 40  # left mid-run, far from the 400-token cap
+        time.sleep(1.5)  # 30 passes' worth at 50 ms a pass
+        assert calls[0] - at <= 1
+        t0 = time.perf_counter()
+        text, trace = client_for(url).predict(PROMPT, 0.9, 4, 10, api_name="/generate")
+        assert text and trace["forward_passes"] >= 1 and calls[0] - at > 1
+        assert time.perf_counter() - t0 < 10  # a slot was free: no waiting behind the abandoned run
+    finally:
+        demo.close()
+
+
+def test_passes_run_on_the_holders_thread_count_in_any_worker_thread(monkeypatch):
+    """OpenMP's thread count is per thread: a worker that ran torch before set_num_threads keeps its old
+    count, so the holder sets it in the thread that runs each pass."""
+    import torch
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen, real = [], serving.stream
+
+    def spy(*args, **kwargs):
+        for rec in real(*args, **kwargs):
+            seen.append(torch.get_num_threads())
+            yield rec
+
+    monkeypatch.setattr(serving, "stream", spy)
+    before = torch.get_num_threads()
+    lm = make_loaded()
+    holder = serving.ModelHolder(lambda: lm, threads=2)
+    pool = ThreadPoolExecutor(1)
+    try:
+        torch.set_num_threads(1)
+        assert pool.submit(lambda: (torch.ones(64, 64) @ torch.ones(64, 64), torch.get_num_threads())[1]).result() == 1
+        torch.set_num_threads(2)
+        # the worker kept 1 thread: the runtime behaviour that made the app's passes single-threaded
+        assert pool.submit(torch.get_num_threads).result() == 1
+        ids = encode_prompt(lm.tokenizer, PROMPT)
+        cfg = DecodeConfig(mode="mars", tau=0.5, max_new_tokens=6)
+        recs = pool.submit(lambda: list(holder.passes(lm, ids, cfg, serving.DecodeControl()))).result()
+        assert recs and seen and set(seen) == {2}
+    finally:
+        pool.shutdown()
+        torch.set_num_threads(before)
+
+
+def test_pass_threads_default_to_every_core_and_honour_mars_threads(monkeypatch):
+    import os
+
+    monkeypatch.delenv("MARS_THREADS", raising=False)
+    assert serving.pass_threads() == (os.cpu_count() or 1)
+    monkeypatch.setenv("MARS_THREADS", "3")
+    assert serving.pass_threads() == 3
+    monkeypatch.setenv("MARS_THREADS", "two")
+    with pytest.raises(ValueError, match="MARS_THREADS must be a whole number"):
+        serving.pass_threads()
+
+
+def test_the_model_loads_at_start_up_and_generate_waits_for_it():
+    """holder.start() loads in the background: the page says so, and a Generate meanwhile waits with a note."""
+    lm, gate = make_loaded(), threading.Event()
+
+    def slow():
+        gate.wait(10)
+        return lm
+
+    ui = app_module.create_demo(slow).mars_app
+    ui.holder.start()
+    assert ui.holder.state == "loading"
+    banner, _, _, timer = ui.model_info()
+    assert "Loading" in banner and timer["active"] is True  # the page asks again until the model is ready
+    session = Session()
+    stream = run(ui, session, max_new=8)
+    first = next(stream)
+    assert 'data-state="loading"' in first[ui.ui.stats] and "waiting for the model" in first[ui.ui.stats]
+    gate.set()
+    updates = list(stream)
+    assert 'data-state="done"' in updates[-1][ui.ui.stats] and session.mars.tokens
+    assert ui.holder.state == "ready"
+    banner, _, _, timer = ui.model_info()
+    assert "Loading" not in banner and timer["active"] is False
+
+
+def test_the_page_and_the_trace_name_the_model_never_a_server_path(tmp_path):
+    lm = make_loaded()
+    folder = tmp_path / "deep" / "mars-adapter"
+    lm.adapter, lm.name = str(folder), str(tmp_path / "models" / "tiny-llama")
+    lm.warnings = [f"no trained MARS adapter at {folder}: running the bare model"]
+    ui = app_module.create_demo(lambda: lm).mars_app
+    banner, table, *_ = ui.model_info()
+    session = Session()
+    updates = list(run(ui, session, max_new=8))
+    trace = Path(updates[-1][ui.ui.download_json]["value"]).read_text()
+    page = Path(updates[-1][ui.ui.download_html]["value"]).read_text()
+    for text in (banner, table, trace, page):
+        assert str(tmp_path) not in text
+    assert "mars-adapter" in table and "tiny-llama" in table
+    assert json.loads(trace)["model"]["adapter"] == "mars-adapter"
+
+
+def test_verified_mode_starts_at_its_fastest_lossless_setting(lm):
+    ui = app_module.create_demo(lambda: lm).mars_app
+    update = ui.mode_changed(VERIFIED)
+    assert update["value"] == 0.0 and "verified" in update["label"]
+    assert ui.mode_changed(MARS)["value"] == 0.9
+    assert make_config("verified", 0.0, 4, 16).verify_groups == "last"
+    session = Session()
+    list(run(ui, session, tau=0.0, max_new=20, mode=VERIFIED))
+    ids = encode_prompt(lm.tokenizer, PROMPT)
+    assert session.mars.token_ids == generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=20))[0].token_ids
+
+
+def test_queued_visitors_see_their_place_in_the_queue_on_the_stats_tiles(lm):
+    demo = app_module.create_demo(lambda: lm)
+    stats_id = demo.mars_app.ui.stats._id
+    dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == "ui_generate")
+    assert dep["show_progress"] == "minimal" and dep["show_progress_on"] == [stats_id]
 
 
 # --------------------------------------------------------------------------------------------- memory
