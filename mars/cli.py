@@ -28,9 +28,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompts", nargs="+", help="one user message per prompt")
     _add_model_args(g)
     g.add_argument("--mode", default="mars", choices=["mars", "ar", "verified", "jacobi"])
-    g.add_argument("--verify-groups", default="all", choices=["all", "last"],
-                   help="verified mode: a mask group per acceptance outcome (all) or one after all drafts (last)")
-    g.add_argument("--tau", type=float, default=0.9)
+    g.add_argument("--verify-groups", default="last", choices=["all", "last"],
+                   help="verified mode: one mask group after all drafts (last, the default: fastest on a CPU) or "
+                        "one per acceptance outcome (all: more tokens per pass, wider passes)")
+    g.add_argument("--tau", type=float, default=None,
+                   help="mars: accept proposals while confidence >= tau (default 0.9; 1.0 = plain AR). verified: "
+                        "send only drafts with confidence >= tau to be checked; the text is AR's whatever tau "
+                        "(default 0.0: send every draft, the fastest)")
     g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--confidence", default="prob", choices=["prob", "entropy", "margin"])
@@ -205,7 +209,8 @@ def cmd_generate(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     block = args.block_size or lm.trained_block_size or 4
     cfg = DecodeConfig(
-        mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
+        mode=args.mode, block_size=block, confidence=args.confidence,
+        tau=args.tau if args.tau is not None else 0.0 if args.mode == "verified" else 0.9,
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
         temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, backend=args.backend,
