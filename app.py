@@ -486,7 +486,8 @@ class MarsApp:
                             show_progress="minimal", show_progress_on=[ui.stats], trigger_mode="once")
         quick = dict(queue=False, api_visibility="private")  # tau, stop: must act while a run holds the queue
         info_outputs = [ui.model_banner, ui.model_info, ui.block, ui.model_timer]
-        demo.load(self.model_info, None, info_outputs, api_visibility="private", queue=False)
+        demo.load(self.model_info, None, info_outputs, api_visibility="private")  # may load: queued
+        # while the start-up load runs, the answer is immediate: no queue, so a busy queue cannot delay it
         ui.model_timer.tick(self.model_info, None, info_outputs, api_visibility="private", queue=False)
         ui.mode.change(self.mode_changed, [ui.mode], [ui.tau], **quick)
         gen_outputs = [ui.output, ui.output_ar, ui.stats, ui.chart_tokens, ui.chart_conf, ui.chart_race,
