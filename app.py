@@ -1,10 +1,12 @@
 """MARS Playground: a Gradio Space that makes multi-token generation visible.
 
-Components and event handlers only. Decoding is `mars.decoding` (through `mars.app_state`), drawing is
+Components and event handlers only. The shared model is `mars.app.serving`, a visitor's state
+`mars.app.session`, the tau sweep `mars.app.sweep`, input checks `mars.app_inputs`, drawing and text
 `mars.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
-choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default 1)
-torch's intra-op threads, MARS_MAX_NEW_TOKENS (default 512) the largest request, MARS_MAX_PROMPT_TOKENS
-(default 1024) the longest prompt. Every limit is checked here, on the server, whatever a client sends.
+choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default:
+every core) torch's threads per pass, MARS_MAX_NEW_TOKENS (default 512) the largest request,
+MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt. Every limit is checked here, on the server,
+whatever a client sends.
 """
 
 # No `from __future__ import annotations` here: Gradio reads api_generate's return annotation at runtime to
@@ -21,10 +23,12 @@ from types import SimpleNamespace
 import gradio as gr
 
 from mars import viz
-from mars.app_state import (
-    MAX_BLOCK, MODE_LABELS, ModelHolder, Session, chain_stop_reason, check_mode, check_prompt, encode_checked,
-    fit_to_model, inspector_rows, live_stats, load_other, make_config, max_new_tokens_limit, mode_name, parse_taus,
-    run_trace, summary_line, sweep,
+from mars.app.serving import ModelHolder, load_other, public_name
+from mars.app.session import Session, run_trace
+from mars.app.sweep import parse_taus, sweep
+from mars.app_inputs import (
+    MAX_BLOCK, MODE_LABELS, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
+    max_new_tokens_limit,
 )
 from mars.decoding import DecodeControl
 
@@ -67,14 +71,18 @@ EMPTY_OUTPUT = "Generated text appears here, one coloured span per forward pass.
 UNTRAINED = ("No MARS adapter is merged into this model. Unless the checkpoint itself was trained with MARS, "
              "its mask predictions are untrained: expect about 1 token per pass and no speed-up over AR. "
              "The machinery shown here is real; the gains need a trained model.")
+LOADING = '<div class="mars-note" data-model="loading">Loading and warming up the model… Generate waits for it.</div>'
+VERIFIED_INFO = ("Verified: the model checks last pass's drafts itself, so the text is exactly AR's; struck-through "
+                 "text = drafts it rejected. In verified mode τ only chooses which drafts are sent to be checked "
+                 "(0 = all, the fastest), never what is accepted.")
 
 
 class MarsApp:
-    """The handlers, bound to one shared model holder; `build()` wires them to components."""
+    """The handlers, bound to one shared model holder; `build()` wires them to components (`self.ui`)."""
 
     def __init__(self, lm_provider=None):
         self.holder = ModelHolder(lm_provider)
-        self.c = SimpleNamespace()
+        self.ui = SimpleNamespace()  # the components, by name, once build() has made them
 
     # ------------------------------------------------------------------------------------------ helpers
     def _lm(self):
@@ -91,9 +99,9 @@ class MarsApp:
         block = m.settings["block_size"] if m else 4
         ar = session.ar.records if session.ar else None
         return {
-            self.c.chart_tokens: viz.make_tokens_per_pass_figure([len(r.token_ids) for r in recs], block),
-            self.c.chart_conf: viz.make_confidence_figure(recs),
-            self.c.chart_race: viz.make_race_figure(recs, ar),
+            self.ui.chart_tokens: viz.make_tokens_per_pass_figure([len(r.token_ids) for r in recs], block),
+            self.ui.chart_conf: viz.make_confidence_figure(recs),
+            self.ui.chart_race: viz.make_race_figure(recs, ar),
         }
 
     def _groups(self, trace) -> str:
@@ -102,7 +110,19 @@ class MarsApp:
         return viz.render_groups_html(trace.records, trace.token_texts, rejected_texts=rejected)
 
     def _stats(self, session: Session, state: str, note: str = "") -> str:
-        return viz.render_stats_html(live_stats(session.mars, session.ar, state, session.tau, note))
+        return viz.render_stats_html(viz.live_stats(session.mars, session.ar, state, session.tau, note))
+
+    def _stream_run(self, session: Session, which: str, runs, output, state: str, note):
+        """The one streaming loop: after every pass, that run's groups and the stats; charts at most every
+        CHART_EVERY_S, and at the end. `which` is the session slot ("mars" or "ar") the trace goes to."""
+        last_chart = time.perf_counter()
+        for trace in runs:
+            setattr(session, which, trace)
+            upd = {output: self._groups(trace), self.ui.stats: self._stats(session, state, note(trace))}
+            if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
+                upd.update(self._charts(session))
+                last_chart = time.perf_counter()
+            yield upd
 
     def _write_files(self, session: Session, lm) -> tuple[str, str]:
         old = session.files.get("folder")
@@ -112,36 +132,44 @@ class MarsApp:
         m, ar = session.mars, session.ar
         html_path, json_path = folder / "mars-generation.html", folder / "mars-trace.json"
         rejected = m.rejected_texts if m.mode == "verified" else None
-        title = f"{mode_name(m.mode)} generation ({lm.name})"
-        html_path.write_text(viz.standalone_html(m.records, m.token_texts, title, m.prompt, summary_line(m, ar),
-                                                 rejected), encoding="utf-8")
-        trace = {"model": lm.describe(), "mars": m.to_dict(), "ar": ar.to_dict() if ar else None}
+        title = f"{viz.mode_name(m.mode)} generation ({public_name(lm.name)})"
+        html_path.write_text(viz.standalone_html(m.records, m.token_texts, title, m.prompt,
+                                                 viz.summary_line(m, ar), rejected), encoding="utf-8")
+        trace = {"model": self._public_model(lm), "mars": m.to_dict(), "ar": ar.to_dict() if ar else None}
         json_path.write_text(json.dumps(trace, indent=1), encoding="utf-8")
         session.files = {"folder": str(folder)}
         return str(html_path), str(json_path)
 
+    @staticmethod
+    def _public_model(lm) -> dict:
+        """The model as visitors see it: names of the model and adapter, no path on this server."""
+        d = lm.describe()
+        d["model"], d["adapter"] = public_name(d["model"]), public_name(d["adapter"])
+        d["warnings"] = [viz.hide_paths(w) for w in d["warnings"]]
+        return d
+
     # ----------------------------------------------------------------------------------------- handlers
     def model_info(self):
-        """(one-line banner, full table, trained block size); loads the model on the first visit."""
+        """(one-line banner, full table, trained block size, keep polling?). While the model loads at
+        start-up the banner says so, and the page's timer asks again."""
         from mars.loading import LoadError
 
+        if self.holder.state == "loading":
+            return LOADING, LOADING, gr.skip(), gr.update(active=True)
         try:
             lm = self.holder.get()
         except LoadError as e:
-            error = (f'<div class="mars-banner mars-error">The model could not be loaded: {viz.esc(e)}. The app '
-                     "keeps running: load another model in the Model tab.</div>")
-            return error, error, gr.skip()
-        d = lm.describe()
+            error = (f'<div class="mars-banner mars-error">The model could not be loaded: '
+                     f"{viz.esc(viz.hide_paths(str(e)))}. The app keeps running: load another model in the "
+                     "Model tab.</div>")
+            return error, error, gr.skip(), gr.update(active=False)
+        d = self._public_model(lm)
         mask = f'{d["mask_token"]} (id {d["mask_token_id"]})' if d["mask_token"] else "none: AR only"
         rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
                 ("mask token", mask), ("adapter", d["adapter"] or "none"), ("dtype", d["dtype"])]
-        table = "".join(f"<tr><th>{viz.esc(k)}</th><td>{viz.esc(v)}</td></tr>" for k, v in rows)
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
-        banners = "".join(f'<div class="mars-banner">{viz.esc(n)}</div>' for n in notes)
-        line = " · ".join(f"{k}: <b>{viz.esc(v)}</b>" for k, v in rows[:4])
-        block = lm.trained_block_size or gr.skip()
-        table = f'<table class="mars-inspect">{table}</table>{banners}'
-        return f'<div class="mars-note">{line}</div>{banners}', table, block
+        banner, table = viz.render_model_html(rows, notes)
+        return banner, table, lm.trained_block_size or gr.skip(), gr.update(active=False)
 
     def set_tau(self, tau, session: Session):
         try:
@@ -152,9 +180,17 @@ class MarsApp:
     def stop(self, session: Session):
         session.stop()
 
+    def mode_changed(self, mode):
+        """Verified mode is lossless whatever tau: it starts at its fastest setting, tau 0 (send every draft)."""
+        lossless = MODE_LABELS.get(mode, mode) == "verified"
+        label = "τ (verified: only which drafts get checked)" if lossless else "τ (live: moves the running generation)"
+        return gr.update(value=0.0 if lossless else 0.9, label=label)
+
     def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, mode, session: Session):
         """Stream a MARS (or verified MARS) run pass by pass, then (optionally) the AR baseline on the same prompt."""
-        c = self.c
+        ui = self.ui
+        if self.holder.state == "loading":
+            yield {ui.stats: self._stats(session, "loading", "waiting for the model to finish loading…")}
         lm = self._lm()
         try:
             mode = check_mode(mode)
@@ -168,30 +204,19 @@ class MarsApp:
         compare = bool(compare) and cfg.mode != "ar"  # a model that can only run AR has nothing to compare
         control = session.new_control()
         session.mars = session.ar = None
-        wait = f"waiting for the {mode_name(cfg.mode)} run…" if compare else "AR comparison is off."
-        yield {c.output: viz.render_groups_html([], placeholder="…"),
-               c.output_ar: viz.render_groups_html([], placeholder=wait)}
+        wait = f"waiting for the {viz.mode_name(cfg.mode)} run…" if compare else "AR comparison is off."
+        yield {ui.output: viz.render_groups_html([], placeholder="…"),
+               ui.output_ar: viz.render_groups_html([], placeholder=wait)}
 
-        last_chart = time.perf_counter()
         flags = "; ".join(notes)
         note = "; ".join(filter(None, [flags, "then the AR baseline runs on the same prompt" if compare else ""]))
         try:
-            for trace in run_trace(self.holder, lm, prompt, ids, cfg, control):
-                session.mars = trace
-                upd = {c.output: self._groups(trace), c.stats: self._stats(session, "running", note)}
-                if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
-                    upd.update(self._charts(session))
-                    last_chart = time.perf_counter()
-                yield upd
+            yield from self._stream_run(session, "mars", run_trace(self.holder, lm, prompt, ids, cfg, control),
+                                        ui.output, "running", lambda t: note)
             if compare and not control.cancelled:
-                for trace in run_trace(self.holder, lm, prompt, ids, ar_cfg, control):
-                    session.ar = trace
-                    note = f"AR baseline: {trace.tokens} tokens in {trace.passes} passes"
-                    upd = {c.output_ar: self._groups(trace), c.stats: self._stats(session, "running-ar", note)}
-                    if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
-                        upd.update(self._charts(session))
-                        last_chart = time.perf_counter()
-                    yield upd
+                yield from self._stream_run(
+                    session, "ar", run_trace(self.holder, lm, prompt, ids, ar_cfg, control), ui.output_ar,
+                    "running-ar", lambda t: f"AR baseline: {t.tokens} tokens in {t.passes} passes")
         except ValueError as e:  # e.g. prompt + max new tokens longer than the model's context
             raise gr.Error(str(e)) from None
         except Exception as e:  # the app keeps serving; the log keeps the traceback
@@ -205,17 +230,17 @@ class MarsApp:
         stopped = control.cancelled
         m = session.mars
         if m is None or not m.records:
-            yield {c.stats: self._stats(session, "stopped", "stopped before the first pass")}
+            yield {ui.stats: self._stats(session, "stopped", "stopped before the first pass")}
             return
         if stopped and session.ar is None and compare:
-            yield {c.output_ar: viz.render_groups_html([], placeholder="stopped: no AR run.")}
+            yield {ui.output_ar: viz.render_groups_html([], placeholder="stopped: no AR run.")}
         html_path, json_path = self._write_files(session, lm)
-        summary = "; ".join(filter(None, [flags, summary_line(m, session.ar)]))
-        final = {c.stats: self._stats(session, "stopped" if stopped else "done", summary),
-                 c.inspect_pass: gr.update(maximum=max(1, m.passes - 1), value=0),
-                 c.inspect: self.inspect(0, session),
-                 c.download_html: gr.update(value=html_path, interactive=True),
-                 c.download_json: gr.update(value=json_path, interactive=True)}
+        summary = "; ".join(filter(None, [flags, viz.summary_line(m, session.ar)]))
+        final = {ui.stats: self._stats(session, "stopped" if stopped else "done", summary),
+                 ui.inspect_pass: gr.update(maximum=max(1, m.passes - 1), value=0),
+                 ui.inspect: self.inspect(0, session),
+                 ui.download_html: gr.update(value=html_path, interactive=True),
+                 ui.download_json: gr.update(value=json_path, interactive=True)}
         final.update(self._charts(session))
         yield final
 
@@ -233,11 +258,11 @@ class MarsApp:
         timing = f"({rec.seconds * 1000:.0f} ms, {rec.input_len} positions in the forward input)"
         if m.mode == "verified":
             header = (f"Pass {i}: {rec.drafts_sent} drafts checked against the model's own choices, "
-                      f"{len(rec.token_ids)} tokens accepted; next drafts kept at tau {rec.tau:.2f} {timing}.")
+                      f"{len(rec.token_ids)} tokens accepted; next drafts sent at tau {rec.tau:.2f} {timing}.")
         else:
             header = f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} {timing}."
-        return viz.render_inspector_html(inspector_rows(rec, decode, m.mode), chain_stop_reason(rec, block, m.mode),
-                                         header)
+        return viz.render_inspector_html(viz.inspector_rows(rec, decode, m.mode),
+                                         viz.chain_stop_reason(rec, block, m.mode), header)
 
     def run_sweep(self, prompt, taus_text, block_size, max_new_tokens, confidence, session: Session):
         lm = self._lm()
@@ -254,12 +279,12 @@ class MarsApp:
         ar = session.ar
         reuse = ar is not None and ar.finished and ar.finish_reason != "cancelled" and ar.prompt == prompt \
             and ar.settings["max_new_tokens"] == base.max_new_tokens
-        yield {self.c.sweep_table: '<div class="mars-note">running the AR reference, then one run per tau…</div>'}
+        yield {self.ui.sweep_table: '<div class="mars-note">running the AR reference, then one run per tau…</div>'}
         headers = ["tau", "passes", "tokens", "tokens/pass", "seconds", "agreement", "mean NLL"]
         keys = ["tau", "passes", "tokens", "tokens_per_pass", "seconds", "agreement", "nll"]
         for rows in sweep(self.holder, lm, ids, base, taus, control, ar.token_ids if reuse else None):
             table = viz.render_table_html(headers, [[r[k] for k in keys] for r in rows])
-            yield {self.c.chart_sweep: viz.make_sweep_figure(rows), self.c.sweep_table: table}
+            yield {self.ui.chart_sweep: viz.make_sweep_figure(rows), self.ui.sweep_table: table}
 
     def load_model(self, model, adapter):
         lm, message = load_other(model, adapter)
@@ -268,18 +293,22 @@ class MarsApp:
                 self.holder.replace(lm)  # one short pass first: a model that cannot run never replaces one that can
             except Exception as e:  # noqa: BLE001 - the message says it; the current model keeps serving
                 LOG.exception("the loaded model failed its first pass")
-                message = f"Could not run {lm.name}: {type(e).__name__}: {e}. The current model keeps serving."
-        return (viz.esc(message), *self.model_info())
+                message = (f"Could not run {public_name(lm.name)}: {type(e).__name__}: {e}. "
+                           "The current model keeps serving.")
+        return (viz.esc(viz.hide_paths(message)), *self.model_info()[:3])
 
     def clear(self, session: Session):
         """Outputs, charts and the session's traces; the prompt stays, ready to run again."""
         session.stop()
         session.mars = session.ar = None
-        return {self.c.output: viz.render_groups_html([], placeholder=EMPTY_OUTPUT),
-                self.c.output_ar: viz.render_groups_html([]),
-                self.c.stats: self._stats(session, "idle"), self.c.inspect: self.inspect(0, session),
+        return {self.ui.output: viz.render_groups_html([], placeholder=EMPTY_OUTPUT),
+                self.ui.output_ar: viz.render_groups_html([]),
+                self.ui.stats: self._stats(session, "idle"), self.ui.inspect: self.inspect(0, session),
                 **self._charts(session)}
 
+    # Gradio reads the return annotation to declare the endpoint's two outputs; the function is a generator
+    # (one yield per pass) so that Gradio closes it, and the run stops within a pass, when the caller leaves:
+    # a plain function would run on to max_new_tokens for nobody. Clients get the last yield.
     def api_generate(
         self, prompt: str, tau: float = 0.9, block_size: int = 4, max_new_tokens: int = 128
     ) -> tuple[str, dict]:
@@ -294,22 +323,44 @@ class MarsApp:
             the generated text, and the trace: one record per forward pass (accepted token ids and texts,
             their confidences, the rejected proposals, tau, seconds) plus totals, and `warnings`
         """
-        # The endpoint's four inputs are its contract (raw HTTP callers must send each one), so the mode stays a
-        # UI choice here; the core serves verified mode to the CLI and the benchmark.
+        yield from self._api_run("mars", prompt, tau, block_size, max_new_tokens)
+
+    def api_generate_verified(
+        self, prompt: str, block_size: int = 4, max_new_tokens: int = 128, tau: float = 0.0
+    ) -> tuple[str, dict]:
+        """Generate an answer with verified (lossless) MARS: exactly AR greedy's text, in fewer passes.
+
+        Parameters:
+            prompt: the user message (it goes through the model's chat template)
+            block_size: drafts proposed per forward pass (B), 1 to 16
+            max_new_tokens: how many tokens to generate at most
+            tau: which drafts are sent to be checked (confidence >= tau); 0.0 sends all, the fastest. It never
+                changes the text, which is always AR's
+        Returns:
+            the generated text and its per-pass trace, as /generate
+        """
+        yield from self._api_run("verified", prompt, tau, block_size, max_new_tokens)
+
+    def _api_run(self, mode, prompt, tau, block_size, max_new_tokens):
         lm = self._lm()
+        control = DecodeControl()
         try:
             prompt = check_prompt(prompt)
-            cfg, notes = fit_to_model(lm, make_config("mars", tau, block_size, max_new_tokens, "prob", top_k=0))
+            cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, "prob", top_k=0))
             ids = encode_checked(lm, prompt, cfg)
             trace = None
-            for trace in run_trace(self.holder, lm, prompt, ids, cfg, DecodeControl()):
-                pass
+            for trace in run_trace(self.holder, lm, prompt, ids, cfg, control):
+                if not trace.finished:
+                    yield trace.text, {"partial": True, "forward_passes": trace.passes}
         except ValueError as e:
             raise gr.Error(str(e)) from None
+        except GeneratorExit:  # the caller went away: no further pass starts
+            control.cancel()
+            raise
         except Exception as e:  # the app keeps serving; the log keeps the traceback
             LOG.exception("API generation failed")
             raise gr.Error(f"The run failed: {type(e).__name__}: {e}") from None
-        return trace.text, trace.to_dict() | {"model": lm.name, "warnings": notes}
+        yield trace.text, trace.to_dict() | {"model": public_name(lm.name), "warnings": notes}
 
     def mask(self, length, block_size):
         return viz.make_mask_heatmap(int(length), int(block_size))
@@ -324,8 +375,9 @@ class MarsApp:
             session = gr.State(Session(), delete_callback=Session.close)
             with gr.Column(elem_id="mars-root"):  # the large-font switch toggles a class here
                 gr.Markdown(INTRO)
-                loading = '<div class="mars-note">loading the model…</div>'
-                self.c.model_banner = gr.HTML(loading, elem_id="model-banner")
+                self.ui.model_banner = gr.HTML(LOADING, elem_id="model-banner")
+                # asks again every second while the model loads at start-up; model_info stops it once ready
+                self.ui.model_timer = gr.Timer(1.0, active=False)
                 with gr.Tabs():
                     with gr.Tab("Generate"):
                         self._generate_tab()
@@ -341,133 +393,137 @@ class MarsApp:
         return demo
 
     def _generate_tab(self):
-        c = self.c
+        ui = self.ui
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                c.prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt",
+                ui.prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt",
                                       placeholder="Ask something, or pick an example below")
-                gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[c.prompt], label="Examples",
+                gr.Examples([[e["prompt"]] for e in EXAMPLES], inputs=[ui.prompt], label="Examples",
                             example_labels=[e["label"] for e in EXAMPLES], examples_per_page=12)
                 with gr.Row():
-                    c.generate = gr.Button("Generate", variant="primary", elem_id="generate")
-                    c.stop = gr.Button("Stop", variant="stop", elem_id="stop")
-                    c.clear = gr.Button("Clear", elem_id="clear")
+                    ui.generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                    ui.stop = gr.Button("Stop", variant="stop", elem_id="stop")
+                    ui.clear = gr.Button("Clear", elem_id="clear")
                 with gr.Row():
-                    c.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, elem_id="tau",
+                    ui.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, elem_id="tau",
                                       label="τ (live: moves the running generation)")
-                    c.block = gr.Slider(1, MAX_BLOCK, value=4, step=1, label="block size B", elem_id="block-size")
-                    c.max_new = gr.Slider(8, max_new_tokens_limit(), value=128, step=8, label="max new tokens",
+                    ui.block = gr.Slider(1, MAX_BLOCK, value=4, step=1, label="block size B", elem_id="block-size")
+                    ui.max_new = gr.Slider(8, max_new_tokens_limit(), value=128, step=8, label="max new tokens",
                                           elem_id="max-new-tokens")
-                c.mode = gr.Radio(list(MODE_LABELS), value=next(iter(MODE_LABELS)), label="decoding",
+                ui.mode = gr.Radio(list(MODE_LABELS), value=next(iter(MODE_LABELS)), label="decoding",
                                   elem_id="mode",
-                                  info="Verified: the model checks last pass's drafts itself, so the text is "
-                                       "exactly AR's; struck-through text = drafts it rejected")
+                                  info=VERIFIED_INFO)
                 with gr.Row():
-                    c.confidence = gr.Dropdown(["prob", "entropy", "margin"], value="prob",
+                    ui.confidence = gr.Dropdown(["prob", "entropy", "margin"], value="prob",
                                                label="confidence measure", elem_id="confidence")
-                    c.compare = gr.Checkbox(True, label="then run AR on the same prompt (measured speed-up)",
+                    ui.compare = gr.Checkbox(True, label="then run AR on the same prompt (measured speed-up)",
                                             elem_id="compare-ar")
-                    c.present = gr.Checkbox(False, label="large font (talks)", elem_id="present")
+                    ui.present = gr.Checkbox(False, label="large font (talks)", elem_id="present")
                 gr.HTML(viz.render_legend_html())
                 with gr.Row(equal_height=False):
                     with gr.Column():
                         gr.Markdown("**MARS** (τ rule, B proposals per pass)")
-                        c.output = gr.HTML(viz.render_groups_html([], placeholder=EMPTY_OUTPUT), elem_id="output")
+                        ui.output = gr.HTML(viz.render_groups_html([], placeholder=EMPTY_OUTPUT), elem_id="output")
                     with gr.Column():
                         gr.Markdown("**AR baseline** (same model, one token per pass)")
-                        c.output_ar = gr.HTML(viz.render_groups_html([]), elem_id="output-ar")
-                c.stats = gr.HTML(viz.render_stats_html({}), elem_id="stats")
+                        ui.output_ar = gr.HTML(viz.render_groups_html([]), elem_id="output-ar")
+                ui.stats = gr.HTML(viz.render_stats_html({}), elem_id="stats")
                 with gr.Row():
-                    c.download_html = gr.DownloadButton("Download coloured HTML", interactive=False,
+                    ui.download_html = gr.DownloadButton("Download coloured HTML", interactive=False,
                                                         elem_id="download-html", size="sm")
-                    c.download_json = gr.DownloadButton("Download trace (JSON)", interactive=False,
+                    ui.download_json = gr.DownloadButton("Download trace (JSON)", interactive=False,
                                                         elem_id="download-json", size="sm")
                 with gr.Accordion("Inspect a pass", open=True):
-                    c.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
-                    c.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
+                    ui.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
+                    ui.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
             with gr.Column(scale=2):
-                c.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure([], 4), show_label=False,
+                ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure([], 4), show_label=False,
                                          elem_id="chart-tokens")
-                c.chart_conf = gr.Plot(viz.make_confidence_figure([]), show_label=False, elem_id="chart-conf")
-                c.chart_race = gr.Plot(viz.make_race_figure([]), show_label=False, elem_id="chart-race")
+                ui.chart_conf = gr.Plot(viz.make_confidence_figure([]), show_label=False, elem_id="chart-conf")
+                ui.chart_race = gr.Plot(viz.make_race_figure([]), show_label=False, elem_id="chart-race")
 
     def _sweep_tab(self):
-        c = self.c
+        ui = self.ui
         gr.Markdown("Runs the current prompt (Generate tab settings) once per τ and compares each run with the "
                     "AR output: **agreement** = exact common prefix / longer length; **mean NLL** = the AR "
                     "model's negative log-likelihood of the text (nats/token).")
         with gr.Row():
-            c.sweep_taus = gr.Textbox("1.0, 0.9, 0.8, 0.7, 0.5", label="τ values", elem_id="sweep-taus")
-            c.sweep_btn = gr.Button("Sweep τ", variant="primary", elem_id="sweep")
-            c.sweep_stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
-        c.chart_sweep = gr.Plot(viz.make_sweep_figure([]), show_label=False, elem_id="chart-sweep")
-        c.sweep_table = gr.HTML(elem_id="sweep-table")
+            ui.sweep_taus = gr.Textbox("1.0, 0.9, 0.8, 0.7, 0.5", label="τ values", elem_id="sweep-taus")
+            ui.sweep_btn = gr.Button("Sweep τ", variant="primary", elem_id="sweep")
+            ui.sweep_stop = gr.Button("Stop", variant="stop", elem_id="sweep-stop")
+        ui.chart_sweep = gr.Plot(viz.make_sweep_figure([]), show_label=False, elem_id="chart-sweep")
+        ui.sweep_table = gr.HTML(elem_id="sweep-table")
 
     def _how_tab(self):
-        c = self.c
+        ui = self.ui
         with gr.Row():
-            c.mask_len = gr.Slider(2, 24, value=8, step=1, label="sequence length L", elem_id="mask-length")
-            c.mask_block = gr.Slider(1, 8, value=4, step=1, label="block size B", elem_id="mask-block")
-        c.chart_mask = gr.Plot(viz.make_mask_heatmap(8, 4), show_label=False, elem_id="chart-mask")
+            ui.mask_len = gr.Slider(2, 24, value=8, step=1, label="sequence length L", elem_id="mask-length")
+            ui.mask_block = gr.Slider(1, 8, value=4, step=1, label="block size B", elem_id="mask-block")
+        ui.chart_mask = gr.Plot(viz.make_mask_heatmap(8, 4), show_label=False, elem_id="chart-mask")
         gr.Markdown(HOW_IT_WORKS)
 
     def _model_tab(self):
-        c = self.c
-        c.model_info = gr.HTML('<div class="mars-note">loading…</div>', elem_id="model-info")
+        ui = self.ui
+        ui.model_info = gr.HTML('<div class="mars-note">loading…</div>', elem_id="model-info")
         gr.Markdown("Load another checkpoint by Hub id (e.g. `Xalphinions/MARS-Qwen2.5-0.5B-blk4`) or local "
                     "folder. It replaces the model for **everyone** on this server.")
         with gr.Row():
-            c.model_id = gr.Textbox(label="Hub id or folder", elem_id="model-id")
-            c.model_adapter = gr.Textbox(label="adapter folder (optional)", elem_id="model-adapter")
-        c.load_btn = gr.Button("Load", elem_id="load-model")
-        c.model_message = gr.HTML(elem_id="model-message")
+            ui.model_id = gr.Textbox(label="Hub id or folder", elem_id="model-id")
+            ui.model_adapter = gr.Textbox(label="adapter folder (optional)", elem_id="model-adapter")
+        ui.load_btn = gr.Button("Load", elem_id="load-model")
+        ui.model_message = gr.HTML(elem_id="model-message")
 
     def _wire(self, demo: gr.Blocks, session: gr.State, limit: int):
-        c = self.c
+        ui = self.ui
         # the public API first, so that it owns the name "generate"; UI events are private
         gr.api(self.api_generate, api_name="generate", concurrency_id="model", concurrency_limit=limit)
-        # streaming events hide Gradio's per-output progress overlays: the stats tiles say what is running, and
-        # the overlays' animation competes with the stream for the browser's main thread
+        gr.api(self.api_generate_verified, api_name="generate_verified", concurrency_id="model",
+               concurrency_limit=limit)
+        # streaming events show Gradio's progress on the stats tiles only ("minimal": no animation competing
+        # with the stream for the browser's main thread): a visitor beyond the running slots reads their
+        # place in the queue there
         model_events = dict(concurrency_id="model", concurrency_limit=limit, api_visibility="private",
-                            show_progress="hidden", trigger_mode="once")
+                            show_progress="minimal", show_progress_on=[ui.stats], trigger_mode="once")
         quick = dict(queue=False, api_visibility="private")  # tau, stop: must act while a run holds the queue
-        demo.load(self.model_info, None, [c.model_banner, c.model_info, c.block], api_visibility="private")
-        gen_outputs = [c.output, c.output_ar, c.stats, c.chart_tokens, c.chart_conf, c.chart_race,
-                       c.inspect_pass, c.inspect, c.download_html, c.download_json]
-        gen_inputs = [c.prompt, c.tau, c.block, c.max_new, c.confidence, c.compare, c.mode, session]
-        c.generate.click(self.generate, gen_inputs, gen_outputs, api_name="ui_generate", **model_events)
-        c.prompt.submit(self.generate, gen_inputs, gen_outputs, api_name="ui_generate_submit", **model_events)
-        c.tau.change(self.set_tau, [c.tau, session], None, **quick)
-        c.stop.click(self.stop, [session], None, **quick)
-        c.sweep_stop.click(self.stop, [session], None, **quick)
-        c.clear.click(self.clear, [session], [c.output, c.output_ar, c.stats, c.inspect,
-                                               c.chart_tokens, c.chart_conf, c.chart_race], **quick)
-        c.inspect_pass.change(self.inspect, [c.inspect_pass, session], [c.inspect], **quick)
+        info_outputs = [ui.model_banner, ui.model_info, ui.block, ui.model_timer]
+        demo.load(self.model_info, None, info_outputs, api_visibility="private")  # may load: queued
+        # while the start-up load runs, the answer is immediate: no queue, so a busy queue cannot delay it
+        ui.model_timer.tick(self.model_info, None, info_outputs, api_visibility="private", queue=False)
+        ui.mode.change(self.mode_changed, [ui.mode], [ui.tau], **quick)
+        gen_outputs = [ui.output, ui.output_ar, ui.stats, ui.chart_tokens, ui.chart_conf, ui.chart_race,
+                       ui.inspect_pass, ui.inspect, ui.download_html, ui.download_json]
+        gen_inputs = [ui.prompt, ui.tau, ui.block, ui.max_new, ui.confidence, ui.compare, ui.mode, session]
+        ui.generate.click(self.generate, gen_inputs, gen_outputs, api_name="ui_generate", **model_events)
+        ui.prompt.submit(self.generate, gen_inputs, gen_outputs, api_name="ui_generate_submit", **model_events)
+        ui.tau.change(self.set_tau, [ui.tau, session], None, **quick)
+        ui.stop.click(self.stop, [session], None, **quick)
+        ui.sweep_stop.click(self.stop, [session], None, **quick)
+        ui.clear.click(self.clear, [session], [ui.output, ui.output_ar, ui.stats, ui.inspect,
+                                               ui.chart_tokens, ui.chart_conf, ui.chart_race], **quick)
+        ui.inspect_pass.change(self.inspect, [ui.inspect_pass, session], [ui.inspect], **quick)
         toggle = "(on) => { document.getElementById('mars-root').classList.toggle('mars-present', on); return []; }"
-        c.present.change(None, [c.present], None, js=toggle)
-        c.sweep_btn.click(self.run_sweep, [c.prompt, c.sweep_taus, c.block, c.max_new, c.confidence, session],
-                          [c.chart_sweep, c.sweep_table], **model_events)
-        for slider in (c.mask_len, c.mask_block):
-            slider.change(self.mask, [c.mask_len, c.mask_block], [c.chart_mask], **quick)
-        c.load_btn.click(self.load_model, [c.model_id, c.model_adapter],
-                         [c.model_message, c.model_banner, c.model_info, c.block],
+        ui.present.change(None, [ui.present], None, js=toggle)
+        ui.sweep_btn.click(self.run_sweep, [ui.prompt, ui.sweep_taus, ui.block, ui.max_new, ui.confidence, session],
+                          [ui.chart_sweep, ui.sweep_table], **model_events)
+        for slider in (ui.mask_len, ui.mask_block):
+            slider.change(self.mask, [ui.mask_len, ui.mask_block], [ui.chart_mask], **quick)
+        ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter],
+                         [ui.model_message, ui.model_banner, ui.model_info, ui.block],
                          concurrency_limit=1, api_visibility="private")
 
 
 def create_demo(lm_provider=None) -> gr.Blocks:
     """The app. lm_provider: a zero-argument callable returning a LoadedModel (default: env MARS_MODEL /
-    MARS_ADAPTER through mars.loading.load), called lazily, once, and shared by every visitor."""
+    MARS_ADAPTER through mars.loading.load), called once and shared by every visitor: on first use, or at
+    start-up with `demo.mars_app.holder.start()` (what `launch` does)."""
     return MarsApp(lm_provider).build()
 
 
 def launch(demo: gr.Blocks | None = None, **kwargs):
-    """Launch with the app's theme and CSS (Gradio 6 takes them at launch)."""
-    import torch
-
-    # One intra-op thread by default: on a small shared CPU, a second OpenMP thread that has to wait for a busy
-    # core turned 60-120 ms passes into ~2 s ones (measured on 2 shared cores); MARS_THREADS overrides.
-    torch.set_num_threads(int(os.environ.get("MARS_THREADS", "1")))
+    """Start loading and warming up the model in the background, then serve with the app's theme and CSS
+    (Gradio 6 takes them at launch). The page says the model is loading; Generate waits for it."""
     demo = demo or create_demo()
+    demo.mars_app.holder.start()
     return demo.launch(theme=THEME, css=CSS, **kwargs)
 
 

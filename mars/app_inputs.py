@@ -100,9 +100,11 @@ def encode_checked(lm, prompt: str, cfg: DecodeConfig) -> list[int]:
 
 
 def make_config(
-    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K, cache_block=32
+    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K, cache_block=32,
+    verify_groups: str = "last",
 ) -> DecodeConfig:
-    """A DecodeConfig from UI or API values, with messages a visitor can act on (ValueError)."""
+    """A DecodeConfig from UI or API values, with messages a visitor can act on (ValueError).
+    verify_groups: verified mode's default is one mask group after all drafts, the fastest on a CPU."""
     if not isinstance(confidence, str) or confidence not in CONFIDENCE_MEASURES:
         raise ValueError(f"confidence must be one of {', '.join(CONFIDENCE_MEASURES)}, got {_short(confidence)}")
     return DecodeConfig(
@@ -113,6 +115,7 @@ def make_config(
         max_new_tokens=_check_int("max new tokens", max_new_tokens, 1, max_new_tokens_limit()),
         cache_block=_check_int("cache block", cache_block, 1, 4096),
         top_k=top_k,
+        verify_groups=verify_groups,
     )
 
 

@@ -5,8 +5,11 @@ Methods, all on the same prompts and model:
   ar     the core's AR mode (the baseline every speed-up is measured against)
   mars   the core at each tau
   lookup transformers prompt-lookup decoding (batch 1 only: transformers has no batched assisted decoding)
-  verified the core's lossless mode: MARS drafts checked by the model's own AR logits (tau filters drafts),
-         with a mask group per acceptance outcome; verified_last: one mask group, after all drafts
+  verified the core's lossless mode: MARS drafts checked by the model's own AR logits, with a mask group per
+         acceptance outcome; verified_last: one mask group, after all drafts (the fastest on a CPU, and the
+         CLI's and the app's default). Both run at tau 0.0 (`verify_tau`): in verified mode tau only chooses
+         which drafts are sent to be checked, never the text, and sending every draft gives the most tokens
+         per pass
   verified_lookup the same lossless check on drafts copied by n-gram lookup (prompt lookup on this core)
   verified_both   drafts from the masks or from lookup, whichever is expected to be accepted more
          (mars.modes.prefer_lookup); one mask group after the drafts, as verified_last

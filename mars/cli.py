@@ -11,7 +11,6 @@ import os
 import sys
 from pathlib import Path
 
-from mars.bench import METHODS  # imports only the standard library: safe before argument parsing
 
 
 def _add_model_args(p: argparse.ArgumentParser):
@@ -28,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mars.backends import BACKENDS
     from mars.bench import METHODS
     from mars.decoding import DEFAULT_CACHE_BLOCK
-    from mars.modes import MODES, VERIFY_GROUPS
+    from mars.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS
 
     ap = argparse.ArgumentParser(prog="python -m mars", description="MARS multi-token generation")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -37,12 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompts", nargs="+", help="one user message per prompt")
     _add_model_args(g)
     g.add_argument("--mode", default="mars", choices=list(MODES))
-    g.add_argument("--verify-groups", default="all", choices=list(VERIFY_GROUPS),
-                   help="verified mode: a mask group per acceptance outcome (all) or one after all drafts (last)")
-    g.add_argument("--drafts", default="mars", choices=["mars", "lookup", "both"],
+    g.add_argument("--verify-groups", default="last", choices=list(VERIFY_GROUPS),
+                   help="verified mode: one mask group after all drafts (last, the default: fastest on a CPU) or "
+                        "one per acceptance outcome (all: more tokens per pass, wider passes)")
+    g.add_argument("--drafts", default="mars", choices=list(DRAFT_SOURCES),
                    help="verified mode: drafts from the mask positions (mars), n-gram lookup in the prompt and "
                         "text so far (lookup), or whichever is expected to be accepted more, pass by pass (both)")
-    g.add_argument("--tau", type=float, default=0.9)
+    g.add_argument("--tau", type=float, default=None,
+                   help="mars: accept proposals while confidence >= tau (default 0.9; 1.0 = plain AR). verified: "
+                        "send only drafts with confidence >= tau to be checked; the text is AR's whatever tau "
+                        "(default 0.0: send every draft, the fastest)")
     g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--confidence", default="prob", choices=list(CONFIDENCE_MEASURES))
@@ -298,7 +301,8 @@ def cmd_generate(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     block = args.block_size or lm.default_block_size
     cfg = DecodeConfig(
-        mode=args.mode, block_size=block, tau=args.tau, confidence=args.confidence,
+        mode=args.mode, block_size=block, confidence=args.confidence,
+        tau=args.tau if args.tau is not None else 0.0 if args.mode == "verified" else 0.9,
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
         temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, drafts=args.drafts,

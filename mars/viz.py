@@ -9,7 +9,8 @@ HTML-escaped before it is placed in markup.
 from __future__ import annotations
 
 import html
-from typing import Sequence
+import re
+from typing import Callable, Sequence
 
 import plotly.graph_objects as go
 
@@ -189,6 +190,105 @@ def render_inspector_html(rows: Sequence[dict], reason: str, header: str = "") -
         )
     out.append(f'</table><div class="mars-note">chain stopped: {esc(reason)}</div>')
     return "".join(out)
+
+
+def chain_stop_reason(rec, proposals: int, mode: str = "mars") -> str:
+    """Why pass `rec` accepted no more tokens than it did."""
+    n = len(rec.token_ids)
+    if rec.finish_reason == "eos":
+        return "the model ended its answer (EOS token)"
+    if rec.finish_reason == "length":
+        return "max new tokens reached"
+    if rec.finish_reason == "stop":
+        return "a stop string was completed"
+    if mode == "verified":
+        if rec.drafts_sent == 0:
+            return "no drafts to check (none reached tau, or the first pass): the model's own next token only"
+        if rec.rejected_token_ids:
+            return (f"draft {n} differs from the model's own choice: it and the drafts after it are dropped, "
+                    "the model's token takes its place")
+        return f"all {rec.drafts_sent} drafts verified, plus the model's own next token"
+    if proposals == 1:
+        return "AR mode: one token per pass"
+    if n >= proposals:
+        return f"all {proposals} proposals accepted: the window ends here"
+    if rec.tau >= 1.0:
+        return "tau = 1: only the AR token is accepted (plain AR decoding)"
+    if rec.rejected_confidences and rec.rejected_confidences[0] < rec.tau:
+        return f"position {n}: confidence {rec.rejected_confidences[0]:.3f} is below tau {rec.tau:.2f}"
+    return "the cap on tokens per pass"
+
+
+def inspector_rows(rec, decode: Callable[[int], str], mode: str = "mars") -> list[dict]:
+    """One row per proposal of the pass: its token, confidence, status and top candidates.
+
+    MARS: the AR token, then the masks. Verified: the drafts fed in (the model's own confidence for the
+    verified ones, the draft's for the rejected), then the model's own token at the first mismatch.
+    """
+    n = len(rec.token_ids)
+    proposals = rec.token_ids + rec.rejected_token_ids
+    confs = rec.confidences + rec.rejected_confidences
+    rows = []
+    for j, (tok, conf) in enumerate(zip(proposals, confs)):
+        # verified: candidate row j is the model's choice after input j, meaningful up to the first mismatch
+        has_cands = rec.candidates and j < len(rec.candidates) and (mode != "verified" or j < n)
+        cands = [(decode(c), p) for c, p in (rec.candidates[j] if has_cands else [])]
+        if mode == "verified":
+            position = "model's token" if j == n - 1 else f"draft {j + 1 if j < n else j}"
+            status = ("accepted" if j == n - 1 else "accepted: verified" if j < n else
+                      "rejected: not the model's choice" if j == n else "dropped (after the mismatch)")
+        else:
+            position = "AR token (0)" if j == 0 else f"mask +{j}"
+            status = "accepted" if j < n else ("rejected: chain stops here" if j == n else "dropped (after the stop)")
+        rows.append({"position": position, "token": decode(tok), "confidence": conf, "status": status,
+                     "candidates": cands})
+    return rows
+
+
+def mode_name(mode: str) -> str:
+    return {"mars": "MARS", "verified": "Verified MARS", "ar": "AR"}.get(mode, mode)
+
+
+def summary_line(mars, ar=None) -> str:
+    """One sentence on a finished run (a session Trace) and its AR baseline."""
+    s = (f"{mode_name(mars.mode)}: {mars.tokens} tokens in {mars.passes} forward passes "
+         f"({mars.tokens_per_pass:.2f} tokens/pass), "
+         f"{mars.decode_seconds:.2f} s of decoding")
+    if ar is not None and ar.finished:
+        s += f"; AR: {ar.tokens} tokens in {ar.passes} passes, {ar.decode_seconds:.2f} s"
+    return s + "."
+
+
+def live_stats(mars, ar, state: str, tau: float | None, note: str = "") -> dict:
+    """The numbers shown while a run goes (for `render_stats_html`); the speed-up is measured: AR decode
+    seconds per token over MARS decode seconds per token, so a stopped or shorter run still compares fairly."""
+    t = mars or ar
+    if t is None:
+        return {"state": state, "tau": tau, "note": note}
+    speedup = None
+    if mars and ar and ar.finished and mars.finished and mars.decode_seconds > 0 and ar.tokens:
+        speedup = (ar.decode_seconds / ar.tokens) / (mars.decode_seconds / max(1, mars.tokens))
+    return {
+        "passes": t.passes, "tokens": t.tokens, "tokens_per_pass": t.tokens_per_pass,
+        "tokens_per_second": t.tokens_per_second, "elapsed": t.elapsed, "speedup": speedup,
+        "state": state, "tau": tau, "note": note,
+    }
+
+
+_PATH = re.compile(r"(?<![\w.:/])(?:~|/)[^\s'\"]*/([^\s'\"/]+)")  # an absolute path: /a/b/name -> name
+
+
+def hide_paths(text: str) -> str:
+    """Text for visitors: every absolute path on this server cut to its last part (a folder's name)."""
+    return _PATH.sub(lambda m: m.group(1), text)
+
+
+def render_model_html(rows: Sequence[tuple[str, object]], notes: Sequence[str]) -> tuple[str, str]:
+    """(one-line banner, full table) of the model panel; notes become banners under both."""
+    banners = "".join(f'<div class="mars-banner">{esc(n)}</div>' for n in notes)
+    line = " · ".join(f"{esc(k)}: <b>{esc(v)}</b>" for k, v in rows[:4])
+    table = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
+    return f'<div class="mars-note">{line}</div>{banners}', f'<table class="mars-inspect">{table}</table>{banners}'
 
 
 def render_table_html(headers: Sequence[str], rows: Sequence[Sequence], elem_id: str = "") -> str:

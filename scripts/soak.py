@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(int(os.environ.get("MARS_THREADS", "1")))
     import importlib.util
 
-    from mars.app_state import Session
+    from mars.app.session import Session
 
     spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")  # the Space's entry file, not a package
     app = importlib.util.module_from_spec(spec)

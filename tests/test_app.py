@@ -21,13 +21,20 @@ import gradio as gr
 import pytest
 
 import app as app_module
-from mars.app_state import Session, load_other
+from mars.app.serving import load_other
+from mars.app.session import Session
 from mars.decoding import DecodeConfig, encode_prompt, generate_ids
 from tiny import save_tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "what is the capital of france ?"
 
+
+
+def call_api(ui, *args):
+    """What an API client gets: the endpoint is a generator (one yield per pass), the client the last yield."""
+    *_, last = ui.api_generate(*args)
+    return last
 
 def groups(html: str) -> list[dict]:
     found = []
@@ -66,7 +73,7 @@ def greedy(lm, prompt, mode, tau=0.9, max_new=40):
 
 def test_generation_streams_one_update_per_pass(ui, lm):
     session = Session()
-    counts = [len(groups(u[ui.c.output])) for u in run(ui, session) if ui.c.output in u]
+    counts = [len(groups(u[ui.ui.output])) for u in run(ui, session) if ui.ui.output in u]
     passes = session.mars.passes
     assert passes > 3
     assert counts[0] == 0  # the placeholder that clears the previous run
@@ -88,7 +95,7 @@ def test_tau_set_during_a_run_steers_the_next_passes(ui):
     taus = [r.tau for r in session.mars.records]
     assert taus[:3] == [0.9] * 3 and set(taus[3:]) == {0.05}
     assert groups(ui.inspect(0, session)) == []  # the inspector is a table, not groups
-    assert json.loads(Path(last[ui.c.download_json]["value"]).read_text())["mars"]["passes"][3]["tau"] == 0.05
+    assert json.loads(Path(last[ui.ui.download_json]["value"]).read_text())["mars"]["passes"][3]["tau"] == 0.05
 
 
 def test_tau_of_one_session_does_not_touch_another(ui):
@@ -112,7 +119,7 @@ def test_stop_ends_the_run_within_one_pass(ui):
     updates = list(stream)
     assert session.mars.passes <= at_stop + 1
     assert session.mars.finish_reason == "cancelled" and session.ar is None
-    assert 'data-state="stopped"' in updates[-1][ui.c.stats]
+    assert 'data-state="stopped"' in updates[-1][ui.ui.stats]
 
 
 def test_ar_comparison_runs_after_mars_on_the_same_core(ui, lm):
@@ -124,10 +131,10 @@ def test_ar_comparison_runs_after_mars_on_the_same_core(ui, lm):
     assert mars.token_ids == ar.token_ids  # tau = 1 is exactly AR
     assert ar.started >= mars.finished  # sequential, so both timings are honest
     final = updates[-1]
-    assert 'data-state="done"' in final[ui.c.stats] and "× " not in final[ui.c.stats]
-    assert "speed-up vs AR" in final[ui.c.stats] and "—" not in final[ui.c.stats]
-    assert len(groups(final[ui.c.output_ar] if ui.c.output_ar in final else
-                      [u for u in updates if ui.c.output_ar in u][-1][ui.c.output_ar])) == ar.passes
+    assert 'data-state="done"' in final[ui.ui.stats] and "× " not in final[ui.ui.stats]
+    assert "speed-up vs AR" in final[ui.ui.stats] and "—" not in final[ui.ui.stats]
+    assert len(groups(final[ui.ui.output_ar] if ui.ui.output_ar in final else
+                      [u for u in updates if ui.ui.output_ar in u][-1][ui.ui.output_ar])) == ar.passes
 
 
 def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
@@ -139,14 +146,14 @@ def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
     assert ver.passes <= ar.passes
     assert sum(r.drafts_sent for r in ver.records) > 0 and any(r.rejected_token_ids for r in ver.records)
     final = updates[-1]
-    html = [u for u in updates if ui.c.output in u][-1][ui.c.output]
+    html = [u for u in updates if ui.ui.output in u][-1][ui.ui.output]
     struck = html.count('<s class="mars-rejected"')
     assert struck == sum(1 for r in ver.records if r.rejected_token_ids)
     assert text_of(html) == ar.text == ver.text  # what copying gives: the struck drafts are not in it
-    assert 'data-state="done"' in final[ui.c.stats] and "Verified MARS:" in final[ui.c.stats]
-    page = Path(final[ui.c.download_html]["value"]).read_text()
+    assert 'data-state="done"' in final[ui.ui.stats] and "Verified MARS:" in final[ui.ui.stats]
+    page = Path(final[ui.ui.download_html]["value"]).read_text()
     assert page.count('class="mars-rejected"') >= struck
-    trace = json.loads(Path(final[ui.c.download_json]["value"]).read_text())
+    trace = json.loads(Path(final[ui.ui.download_json]["value"]).read_text())
     assert trace["mars"]["text"] == ar.text and "rejected_texts" in trace["mars"]["passes"][0]
     i = next(i for i, r in enumerate(ver.records) if r.rejected_token_ids)
     inspector = ui.inspect(i, session)
@@ -170,9 +177,9 @@ def test_downloads_are_standalone_and_escaped(ui):
     session = Session()
     prompt = 'the <script>alert(1)</script> <img src=x onerror="alert(2)"> ?'
     final = list(run(ui, session, prompt=prompt, max_new=8))[-1]
-    page = Path(final[ui.c.download_html]["value"]).read_text()
+    page = Path(final[ui.ui.download_html]["value"]).read_text()
     assert page.startswith("<!DOCTYPE html>") and "<script>alert" not in page and "<img" not in page
-    trace = json.loads(Path(final[ui.c.download_json]["value"]).read_text())
+    trace = json.loads(Path(final[ui.ui.download_json]["value"]).read_text())
     assert trace["mars"]["prompt"] == prompt and trace["mars"]["passes"][0]["token_ids"]
 
 
@@ -182,16 +189,16 @@ def test_clear_resets_outputs_and_stops(ui):
     next(stream), next(stream)
     cleared = ui.clear(session)
     assert session.control.cancelled and session.mars is None
-    assert groups(cleared[ui.c.output]) == [] and 'data-state="idle"' in cleared[ui.c.stats]
-    assert ui.c.prompt not in cleared  # the prompt stays for the next run
+    assert groups(cleared[ui.ui.output]) == [] and 'data-state="idle"' in cleared[ui.ui.stats]
+    assert ui.ui.prompt not in cleared  # the prompt stays for the next run
     stream.close()
 
 
 def test_sweep_compares_each_tau_with_ar(ui):
     session = Session()
     updates = list(ui.run_sweep(PROMPT, "1.0, 0.05", 4, 24, "prob", session))
-    table = updates[-1][ui.c.sweep_table]
-    fig = updates[-1][ui.c.chart_sweep]
+    table = updates[-1][ui.ui.sweep_table]
+    fig = updates[-1][ui.ui.chart_sweep]
     assert table.count("<tr>") == 3
     assert list(fig.data[0].y)[0] == 1.0  # tau = 1 reproduces the AR output exactly
     with pytest.raises(gr.Error):
@@ -199,7 +206,7 @@ def test_sweep_compares_each_tau_with_ar(ui):
 
 
 def test_api_returns_text_and_trace(ui, lm):
-    text, trace = ui.api_generate(PROMPT, 0.5, 4, 30)
+    text, trace = call_api(ui, PROMPT, 0.5, 4, 30)
     assert text == greedy(lm, PROMPT, "mars", tau=0.5, max_new=30).text == trace["text"]
     assert trace["forward_passes"] == len(trace["passes"]) > 0
     first = trace["passes"][0]
@@ -217,7 +224,7 @@ def test_api_returns_text_and_trace(ui, lm):
 )
 def test_api_bad_input_is_a_clear_error(ui, args):
     with pytest.raises(gr.Error):
-        ui.api_generate(*args)
+        call_api(ui, *args)
 
 
 def test_ui_bad_input_is_a_clear_error(ui):
@@ -233,7 +240,7 @@ def test_concurrent_visitors_get_their_own_greedy_result(ui, lm):
     got = {}
 
     def visit(p):
-        got[p] = ui.api_generate(p, 0.3, 4, 30)[0]
+        got[p] = call_api(ui, p, 0.3, 4, 30)[0]
 
     threads = [threading.Thread(target=visit, args=(p,)) for p in prompts]
     [t.start() for t in threads]
@@ -242,7 +249,7 @@ def test_concurrent_visitors_get_their_own_greedy_result(ui, lm):
 
 
 def test_model_panel_says_when_no_adapter_is_loaded(ui):
-    banner, table, _ = ui.model_info()
+    banner, table, *_ = ui.model_info()
     assert "No MARS adapter" in banner and "tiny-llama" in table
 
 
@@ -259,7 +266,7 @@ def test_loading_another_model_offline_keeps_the_current_one(ui, lm, tmp_path):
 
 
 def test_default_provider_reads_the_environment(tmp_path, monkeypatch):
-    from mars.app_state import default_provider
+    from mars.app.serving import default_provider
 
     folder = save_tiny(tmp_path / "tiny")
     monkeypatch.setenv("MARS_MODEL", str(folder))
@@ -283,7 +290,10 @@ def test_public_api_over_http_and_bad_input_keeps_serving(lm):
     try:
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
         api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
-        assert list(api) == ["/generate"]  # the UI's own events stay private
+        assert list(api) == ["/generate", "/generate_verified"]  # the UI's own events stay private
+        names = [p["parameter_name"] for p in api["/generate_verified"]["parameters"]]
+        assert names == ["prompt", "block_size", "max_new_tokens", "tau"]
+        assert api["/generate_verified"]["parameters"][3]["parameter_default"] == 0.0  # lossless at its fastest
         names = [p["parameter_name"] for p in api["/generate"]["parameters"]]
         assert names == ["prompt", "tau", "block_size", "max_new_tokens"]
         returns = [r["python_type"]["type"] for r in api["/generate"]["returns"]]
@@ -294,6 +304,9 @@ def test_public_api_over_http_and_bad_input_keeps_serving(lm):
             client.predict(PROMPT, "high", 4, 20, api_name="/generate")
         text, trace = client.predict(PROMPT, 0.5, 4, 20, api_name="/generate")  # still serving
         assert text == greedy(lm, PROMPT, "mars", tau=0.5, max_new=20).text and trace["passes"]
+        text, trace = client.predict(PROMPT, 4, 20, api_name="/generate_verified")  # verified: exactly AR's text
+        assert text == greedy(lm, PROMPT, "ar", tau=1.0, max_new=20).text
+        assert trace["mode"] == "verified" and trace["settings"]["tau"] == 0.0
     finally:
         demo.close()
 

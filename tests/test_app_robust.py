@@ -21,14 +21,23 @@ import httpx
 import pytest
 
 import app as app_module
-from mars import app_state
-from mars.app_state import Session, check_prompt, default_provider, make_config, sanitize_text
+from mars.app import serving
+from mars.app.serving import default_provider
+from mars.app.session import Session
+from mars.app_inputs import check_prompt, make_config, sanitize_text
 from mars.decoding import DecodeConfig, encode_prompt, generate_ids
 from mars.loading import LoadError
 from tiny import make_loaded, save_tiny
 
 PROMPT = "what is the capital of france ?"
 MARS, VERIFIED = "MARS (tau rule)", "Verified (lossless)"
+
+
+
+def call_api(ui, *args):
+    """What an API client gets: the endpoint is a generator (one yield per pass), the client the last yield."""
+    *_, last = ui.api_generate(*args)
+    return last
 
 
 def free_port() -> int:
@@ -78,7 +87,7 @@ def counting(monkeypatch, delay: float = 0.0) -> list[int]:
 
     Wraps the decoder's stream where the app calls it, so it counts whatever backend runs the model.
     """
-    calls, real = [0], app_state.stream
+    calls, real = [0], serving.stream
 
     def counted(*args, **kwargs):
         for rec in real(*args, **kwargs):
@@ -86,7 +95,7 @@ def counting(monkeypatch, delay: float = 0.0) -> list[int]:
             time.sleep(delay)
             yield rec
 
-    monkeypatch.setattr(app_state, "stream", counted)
+    monkeypatch.setattr(serving, "stream", counted)
     return calls
 
 
@@ -124,7 +133,7 @@ def test_sanitize_keeps_text_but_makes_it_valid():
 @pytest.mark.parametrize("prompt", [None, "", "   ", "\n\t \r", "\x00\x00", " \x00 "])
 def test_empty_prompts_have_one_message(ui, prompt):
     with pytest.raises(gr.Error, match="the prompt is empty"):
-        ui.api_generate(prompt, 0.9, 4, 10)
+        call_api(ui, prompt, 0.9, 4, 10)
     with pytest.raises(gr.Error, match="the prompt is empty"):
         list(run(ui, Session(), prompt=prompt))
 
@@ -132,24 +141,24 @@ def test_empty_prompts_have_one_message(ui, prompt):
 def test_non_text_prompt(ui):
     for prompt in (3, ["a"], {"a": 1}, b"bytes"):
         with pytest.raises(gr.Error, match="the prompt must be text"):
-            ui.api_generate(prompt, 0.9, 4, 10)
+            call_api(ui, prompt, 0.9, 4, 10)
 
 
 @pytest.mark.parametrize("name", list(ODD_PROMPTS))
 def test_odd_prompts_are_answered(ui, lm, name):
     prompt = ODD_PROMPTS[name]
-    text, trace = ui.api_generate(prompt, 0.5, 4, 12)
+    text, trace = call_api(ui, prompt, 0.5, 4, 12)
     assert text == alone(lm, prompt, tau=0.5, max_new=12).text
     json.dumps(trace, ensure_ascii=False).encode("utf-8")  # what Gradio's JSON encoder needs
     assert trace["prompt"] == sanitize_text(prompt)
     updates = list(run(ui, Session(), prompt=prompt, max_new=12))
-    assert 'data-state="done"' in updates[-1][ui.c.stats]
+    assert 'data-state="done"' in updates[-1][ui.ui.stats]
 
 
 def test_prompt_token_cap_is_server_side_and_named(ui, monkeypatch):
     monkeypatch.setenv("MARS_MAX_PROMPT_TOKENS", "20")
     with pytest.raises(gr.Error, match="too long: 35 tokens with the chat template, at most 20"):
-        ui.api_generate("the " * 30, 0.9, 4, 10)
+        call_api(ui, "the " * 30, 0.9, 4, 10)
     with pytest.raises(gr.Error, match="at most 20"):
         list(run(ui, Session(), prompt="the " * 30))
     with pytest.raises(ValueError, match="limited to 20 tokens"):  # checked before tokenizing: cheap
@@ -157,7 +166,7 @@ def test_prompt_token_cap_is_server_side_and_named(ui, monkeypatch):
     monkeypatch.delenv("MARS_MAX_PROMPT_TOKENS")
     # within the cap but not within the tiny model's context of 512 positions
     with pytest.raises(gr.Error, match="context of 512 tokens"):
-        ui.api_generate("the " * 400, 0.9, 4, 128)
+        call_api(ui, "the " * 400, 0.9, 4, 128)
 
 
 # --------------------------------------------------------------------------------------------- parameters
@@ -182,7 +191,7 @@ def test_bad_parameters_have_clear_messages(ui, name, value):
     assert len(str(err.value)) < 200  # a client's huge value is not echoed back whole
     if name != "mode":
         with pytest.raises(gr.Error, match=label):
-            ui.api_generate(args["prompt"], args["tau"], args["block_size"], args["max_new_tokens"])
+            call_api(ui, args["prompt"], args["tau"], args["block_size"], args["max_new_tokens"])
 
 
 def test_cache_block_and_confidence_are_checked():
@@ -198,10 +207,10 @@ def test_block_size_beyond_the_trained_one_runs_but_is_flagged(ui, lm):
     lm.trained_block_size = 2
     try:
         updates = list(run(ui, Session(), block=4))
-        assert "larger than the 2 this model was trained with" in updates[-1][ui.c.stats]
-        text, trace = ui.api_generate(PROMPT, 0.9, 4, 10)
+        assert "larger than the 2 this model was trained with" in updates[-1][ui.ui.stats]
+        text, trace = call_api(ui, PROMPT, 0.9, 4, 10)
         assert text == alone(lm, PROMPT, max_new=10).text and "larger than the 2" in trace["warnings"][0]
-        assert ui.api_generate(PROMPT, 0.9, 2, 10)[1]["warnings"] == []
+        assert call_api(ui, PROMPT, 0.9, 2, 10)[1]["warnings"] == []
     finally:
         lm.trained_block_size = None
 
@@ -247,8 +256,8 @@ def test_a_model_without_mask_token_runs_ar_and_says_so():
         updates = list(run(ui, session, max_new=20, compare=True, mode=mode))
         assert session.mars.mode == "ar" and session.ar is None  # nothing to compare with itself
         assert session.mars.token_ids == expected.token_ids
-        assert "no mask token" in updates[-1][ui.c.stats] and "plain AR" in updates[-1][ui.c.stats]
-    text, trace = ui.api_generate(PROMPT, 0.9, 4, 20)
+        assert "no mask token" in updates[-1][ui.ui.stats] and "plain AR" in updates[-1][ui.ui.stats]
+    text, trace = call_api(ui, PROMPT, 0.9, 4, 20)
     assert text == expected.text and "no mask token" in trace["warnings"][0]
     assert "AR only" in ui.model_info()[0]
     with pytest.raises(gr.Error, match="no mask token"):
@@ -263,17 +272,17 @@ def test_a_failed_load_leaves_the_app_up_with_one_clear_message():
         raise LoadError("could not load model '<b>nope</b>'")
 
     ui = app_module.create_demo(provider).mars_app
-    banner, table, _ = ui.model_info()
+    banner, table, *_ = ui.model_info()
     assert "The model could not be loaded" in banner and "&lt;b&gt;nope" in banner and "<b>nope" not in banner
     assert "keeps running" in banner
     for _ in range(2):
         with pytest.raises(gr.Error, match="could not be loaded"):
             list(run(ui, Session()))
         with pytest.raises(gr.Error, match="could not be loaded"):
-            ui.api_generate(PROMPT)
+            call_api(ui, PROMPT)
     assert len(calls) == 1  # remembered: visitors do not each wait for a doomed load
     ui.holder.replace(make_loaded())  # what the Model tab's Load does
-    assert ui.api_generate(PROMPT, 0.9, 4, 5)[0]
+    assert call_api(ui, PROMPT, 0.9, 4, 5)[0]
 
     def broken():
         raise RuntimeError("out of memory")
@@ -310,7 +319,7 @@ def test_missing_adapter_falls_back_to_the_bare_model_with_a_visible_warning(tmp
 
 
 def test_hub_offline_is_honoured_without_a_network_call(monkeypatch):
-    from mars.app_state import hub_reachable, load_other
+    from mars.app.serving import hub_reachable, load_other
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_reachable() is False
@@ -421,6 +430,141 @@ def test_a_visitor_who_leaves_mid_run_frees_the_model_within_a_pass(monkeypatch)
         assert calls[0] - at > 1 and text
     finally:
         demo.close()
+
+
+def test_an_api_caller_who_leaves_frees_the_model_within_a_pass(monkeypatch):
+    """A plain /generate call over Gradio's protocol, hung up mid-run: its run stops within one pass, and the
+    next caller's run starts at once (Gradio cannot cancel a plain function; the endpoint is a generator)."""
+    lm = endless(make_loaded())
+    calls = counting(monkeypatch, delay=0.05)
+    demo, url = serve(lambda: lm)
+    try:
+        demo.mars_app.holder.get()
+        dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == "generate")
+        body = {"data": [PROMPT, 0.9, 4, 400], "fn_index": dep["id"], "session_hash": "api-leaver",
+                "event_data": None, "trigger_id": None}
+        assert httpx.post(f"{url}gradio_api/queue/join", json=body, timeout=10).status_code == 200
+        with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": "api-leaver"},
+                          timeout=30) as resp:
+            for line in resp.iter_lines():
+                if '"process_generating"' in line and calls[0] >= 8:
+                    break  # the client goes away
+        at = calls[0]
+        assert 8 <= at < 40  # left mid-run, far from the 400-token cap
+        time.sleep(1.5)  # 30 passes' worth at 50 ms a pass
+        assert calls[0] - at <= 1
+        t0 = time.perf_counter()
+        text, trace = client_for(url).predict(PROMPT, 0.9, 4, 10, api_name="/generate")
+        assert text and trace["forward_passes"] >= 1 and calls[0] - at > 1
+        assert time.perf_counter() - t0 < 10  # a slot was free: no waiting behind the abandoned run
+    finally:
+        demo.close()
+
+
+def test_passes_run_on_the_holders_thread_count_in_any_worker_thread(monkeypatch):
+    """OpenMP's thread count is per thread: a worker that ran torch before set_num_threads keeps its old
+    count, so the holder sets it in the thread that runs each pass."""
+    import torch
+    from concurrent.futures import ThreadPoolExecutor
+
+    seen, real = [], serving.stream
+
+    def spy(*args, **kwargs):
+        for rec in real(*args, **kwargs):
+            seen.append(torch.get_num_threads())
+            yield rec
+
+    monkeypatch.setattr(serving, "stream", spy)
+    before = torch.get_num_threads()
+    lm = make_loaded()
+    holder = serving.ModelHolder(lambda: lm, threads=2)
+    pool = ThreadPoolExecutor(1)
+    try:
+        torch.set_num_threads(1)
+        assert pool.submit(lambda: (torch.ones(64, 64) @ torch.ones(64, 64), torch.get_num_threads())[1]).result() == 1
+        torch.set_num_threads(2)
+        # the worker kept 1 thread: the runtime behaviour that made the app's passes single-threaded
+        assert pool.submit(torch.get_num_threads).result() == 1
+        ids = encode_prompt(lm.tokenizer, PROMPT)
+        cfg = DecodeConfig(mode="mars", tau=0.5, max_new_tokens=6)
+        recs = pool.submit(lambda: list(holder.passes(lm, ids, cfg, serving.DecodeControl()))).result()
+        assert recs and seen and set(seen) == {2}
+    finally:
+        pool.shutdown()
+        torch.set_num_threads(before)
+
+
+def test_pass_threads_default_to_every_core_and_honour_mars_threads(monkeypatch):
+    import os
+
+    monkeypatch.delenv("MARS_THREADS", raising=False)
+    assert serving.pass_threads() == (os.cpu_count() or 1)
+    monkeypatch.setenv("MARS_THREADS", "3")
+    assert serving.pass_threads() == 3
+    monkeypatch.setenv("MARS_THREADS", "two")
+    with pytest.raises(ValueError, match="MARS_THREADS must be a whole number"):
+        serving.pass_threads()
+
+
+def test_the_model_loads_at_start_up_and_generate_waits_for_it():
+    """holder.start() loads in the background: the page says so, and a Generate meanwhile waits with a note."""
+    lm, gate = make_loaded(), threading.Event()
+
+    def slow():
+        gate.wait(10)
+        return lm
+
+    ui = app_module.create_demo(slow).mars_app
+    ui.holder.start()
+    assert ui.holder.state == "loading"
+    banner, _, _, timer = ui.model_info()
+    assert "Loading" in banner and timer["active"] is True  # the page asks again until the model is ready
+    session = Session()
+    stream = run(ui, session, max_new=8)
+    first = next(stream)
+    assert 'data-state="loading"' in first[ui.ui.stats] and "waiting for the model" in first[ui.ui.stats]
+    gate.set()
+    updates = list(stream)
+    assert 'data-state="done"' in updates[-1][ui.ui.stats] and session.mars.tokens
+    assert ui.holder.state == "ready"
+    banner, _, _, timer = ui.model_info()
+    assert "Loading" not in banner and timer["active"] is False
+
+
+def test_the_page_and_the_trace_name_the_model_never_a_server_path(tmp_path):
+    lm = make_loaded()
+    folder = tmp_path / "deep" / "mars-adapter"
+    lm.adapter, lm.name = str(folder), str(tmp_path / "models" / "tiny-llama")
+    lm.warnings = [f"no trained MARS adapter at {folder}: running the bare model"]
+    ui = app_module.create_demo(lambda: lm).mars_app
+    banner, table, *_ = ui.model_info()
+    session = Session()
+    updates = list(run(ui, session, max_new=8))
+    trace = Path(updates[-1][ui.ui.download_json]["value"]).read_text()
+    page = Path(updates[-1][ui.ui.download_html]["value"]).read_text()
+    for text in (banner, table, trace, page):
+        assert str(tmp_path) not in text
+    assert "mars-adapter" in table and "tiny-llama" in table
+    assert json.loads(trace)["model"]["adapter"] == "mars-adapter"
+
+
+def test_verified_mode_starts_at_its_fastest_lossless_setting(lm):
+    ui = app_module.create_demo(lambda: lm).mars_app
+    update = ui.mode_changed(VERIFIED)
+    assert update["value"] == 0.0 and "verified" in update["label"]
+    assert ui.mode_changed(MARS)["value"] == 0.9
+    assert make_config("verified", 0.0, 4, 16).verify_groups == "last"
+    session = Session()
+    list(run(ui, session, tau=0.0, max_new=20, mode=VERIFIED))
+    ids = encode_prompt(lm.tokenizer, PROMPT)
+    assert session.mars.token_ids == generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=20))[0].token_ids
+
+
+def test_queued_visitors_see_their_place_in_the_queue_on_the_stats_tiles(lm):
+    demo = app_module.create_demo(lambda: lm)
+    stats_id = demo.mars_app.ui.stats._id
+    dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == "ui_generate")
+    assert dep["show_progress"] == "minimal" and dep["show_progress_on"] == [stats_id]
 
 
 # --------------------------------------------------------------------------------------------- memory

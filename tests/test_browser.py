@@ -96,7 +96,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
-    from mars.app_state import default_provider
+    from mars.app.serving import default_provider
     from tiny import save_tiny
 
     folder = save_tiny(tmp_path_factory.mktemp("tiny") / "model")
@@ -256,7 +256,7 @@ def test_how_it_works_heatmap(browser, tiny_server):
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("MARS_BROWSER_DEFAULT") != "1", reason="set MARS_BROWSER_DEFAULT=1 (default model)")
 def test_default_model_time_to_first_group(browser):
-    from mars.app_state import default_provider
+    from mars.app.serving import default_provider
 
     demo, url = serve(default_provider())
     try:
@@ -276,6 +276,65 @@ def test_default_model_time_to_first_group(browser):
         page.screenshot(path=str(shot), full_page=True)
         _shrink_png(shot)
         assert shot.stat().st_size < 300_000
+        page.close()
+    finally:
+        demo.close()
+
+
+def test_the_page_says_the_model_is_loading_and_generate_waits_for_it(browser, tmp_path):
+    """Start-up loading in the background (what `python app.py` does): the page says so while it loads, a
+    Generate pressed meanwhile waits with a note, then streams."""
+    import threading
+
+    import app
+    from tiny import make_loaded
+
+    gate = threading.Event()
+
+    def provider():
+        gate.wait(60)
+        return make_loaded()
+
+    demo = app.create_demo(provider)
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector('#model-banner [data-model="loading"]', timeout=60_000)
+        page.fill("#prompt textarea", "what is the capital of france ?")
+        page.click("#generate")
+        page.wait_for_selector('#stats [data-state="loading"]', timeout=30_000)
+        gate.set()
+        page.wait_for_selector("#model-banner b", timeout=60_000)  # the timer filled in the model panel
+        page.wait_for_selector('#stats [data-state="done"]', timeout=120_000)
+        assert page.locator("#output .mars-group").count() > 0
+        page.close()
+    finally:
+        gate.set()
+        demo.close()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("MARS_BROWSER_DEFAULT") != "1", reason="set MARS_BROWSER_DEFAULT=1 (default model)")
+def test_default_model_first_group_for_a_visitor_45_s_after_start(browser):
+    """Issue 15's goal: started like `python app.py` (loading in the background, not before the clock), a
+    visitor arriving 45 s later sees the first coloured group within 1.5 s of pressing Generate."""
+    import app
+    from mars.app.serving import default_provider
+
+    demo = app.create_demo(default_provider())
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        time.sleep(45)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#model-banner b", timeout=120_000)
+        page.fill("#prompt textarea", "Write a Python function that checks whether a word is an isogram.")
+        first = press_generate(page)
+        print(f"\nfirst coloured group 45 s after start: {first:.3f} s")
+        assert first < 1.5
         page.close()
     finally:
         demo.close()

@@ -45,6 +45,18 @@ def test_cli_generate_json_equals_hf_greedy_on_a_local_random_llama(tiny_dir):
                     "seconds"} <= set(step)
 
 
+def test_cli_verified_mode_defaults_to_its_fastest_lossless_setting(tiny_dir):
+    """--mode verified without --tau sends every draft (tau 0.0), and MARS mode keeps tau 0.9."""
+    for mode, tau in (("verified", 0.0), ("mars", 0.9)):
+        out = run_cli("generate", "tell me a word", "--model", str(tiny_dir), "--json", "--max-new-tokens", "8",
+                      "--mode", mode)
+        assert out.returncode == 0, out.stderr
+        obj = json.loads(out.stdout.splitlines()[0])
+        assert obj["tau"] == tau and all(step["tau"] == tau for step in obj["steps"])
+    help_text = run_cli("generate", "--help").stdout
+    assert "verified" in help_text and "the text is AR's whatever tau" in " ".join(help_text.split())
+
+
 def test_cli_generate_default_model_tau1_equals_hf_greedy(default_lm):
     prompt = "Name two planets."
     out = run_cli("generate", prompt, "--adapter", "none", "--tau", "1.0", "--json", "--max-new-tokens", "24")

@@ -1,0 +1,186 @@
+"""The one model every visitor shares: loaded at start-up in the background, warmed up, run one pass at a time.
+
+Why a pass lock and not a run lock: concurrent visitors interleave pass by pass, each pass's measured time
+is its own, and a visitor who leaves mid-run never holds the model.
+
+Why the thread count is set before every pass, in the thread that runs it: Gradio runs each step of a
+handler in a worker thread of its pool, and PyTorch's OpenMP thread count is per thread: a worker that ran
+any torch op before `torch.set_num_threads` keeps the count it started with (checked in
+tests/test_app_robust.py). Multi-row MARS passes need every core the machine has (AR passes, which stream
+the weights, gain nothing from a second thread): a MARS pass on one thread costs ~1.7 AR passes and MARS
+loses the race it exists to show.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from mars.app_inputs import sanitize_text
+from mars.decoding import DecodeConfig, DecodeControl, PassRecord, stream
+
+LOG = logging.getLogger("mars.app")
+
+
+def pass_threads() -> int:
+    """Torch threads for each pass: MARS_THREADS when set (> 0), else every core of the machine."""
+    raw = os.environ.get("MARS_THREADS", "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"MARS_THREADS must be a whole number, got {raw!r}") from None
+        if n > 0:
+            return n
+    return os.cpu_count() or 1
+
+
+def default_provider() -> Callable[[], object]:
+    """Loads the model named by env MARS_MODEL / MARS_ADAPTER (default: the embedded SmolLM2).
+
+    An adapter that is missing or does not fit the model falls back to the bare model, with a warning that
+    the model panel shows: a typo in MARS_ADAPTER should not take the whole app down, nor pass unnoticed.
+    """
+
+    def provide():
+        from mars.loading import AdapterError, load
+
+        model, adapter = os.environ.get("MARS_MODEL") or None, os.environ.get("MARS_ADAPTER") or "auto"
+        try:
+            return load(model, adapter)
+        except AdapterError as e:
+            lm = load(model, "none")
+            lm.warnings.insert(0, f"MARS_ADAPTER={adapter!r} could not be used, so this is the bare model: {e}")
+            return lm
+
+    return provide
+
+
+class ModelHolder:
+    """One model for every visitor: loaded once (at start-up with `start()`, else on first use); replaced
+    only by an explicit load. A failed load is remembered, so every visitor gets its message at once
+    instead of retrying a slow load; `replace` (the Model tab) clears it."""
+
+    def __init__(self, provider: Callable[[], object] | None = None, threads: int | None = None):
+        self._provider = provider or default_provider()
+        self._lm = None
+        self._error: str | None = None
+        self._load_lock = threading.Lock()
+        self._loader: threading.Thread | None = None
+        self.pass_lock = threading.Lock()
+        self.threads = threads or pass_threads()
+
+    def start(self) -> None:
+        """Load and warm up in a background thread now, so the first visitor does not wait for it."""
+        if self._loader is None and self._lm is None:
+            self._loader = threading.Thread(target=self._load_quietly, name="mars-model-loader", daemon=True)
+            self._loader.start()
+
+    def _load_quietly(self):
+        try:
+            self.get()
+        except Exception:  # noqa: BLE001 - remembered in self._error; visitors see it
+            pass
+
+    def get(self):
+        """The model, loading it first if need be (waits for a load already running)."""
+        from mars.loading import LoadError
+
+        if self._lm is None:
+            with self._load_lock:
+                if self._lm is None:
+                    if self._error is None:
+                        try:
+                            self._lm = self.warm_up(self._provider())
+                        except LoadError as e:
+                            self._error = str(e)
+                        except Exception as e:  # whatever a provider raises, the app stays up and says it
+                            LOG.exception("the model could not be loaded")
+                            self._error = f"{type(e).__name__}: {e}"
+                    if self._lm is None:
+                        raise LoadError(self._error)
+        return self._lm
+
+    @property
+    def loaded(self):
+        return self._lm
+
+    @property
+    def state(self) -> str:
+        """'ready', 'failed', 'loading' (the start-up load is running) or 'idle' (no load asked for yet)."""
+        if self._lm is not None:
+            return "ready"
+        if self._error is not None:
+            return "failed"
+        return "loading" if self._loader is not None and self._loader.is_alive() else "idle"
+
+    def replace(self, lm):
+        lm = self.warm_up(lm)
+        with self._load_lock:
+            self._lm, self._error = lm, None
+
+    def warm_up(self, lm):
+        """Two short runs (MARS and AR), so the first visitor's first passes pay no one-off costs: the fast
+        path's packed copy of the matrices, oneDNN's kernels for several rows, the allocator's first blocks."""
+        ids = lm.tokenizer("Hello", add_special_tokens=False)["input_ids"] or [0]
+        modes = ["mars", "ar"] if lm.mask_token_id is not None else ["ar"]
+        for mode in modes:
+            cfg = DecodeConfig(mode=mode, max_new_tokens=4, block_size=4 if mode == "mars" else 1)
+            for _ in self.passes(lm, ids, cfg, DecodeControl()):
+                pass
+        return lm
+
+    def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:
+        """`decoding.stream`, one forward pass at a time under the pass lock, on `self.threads` threads."""
+        it = stream(lm, prompt_ids, cfg, control)
+        while True:
+            with self.pass_lock:
+                if torch.get_num_threads() != self.threads:
+                    torch.set_num_threads(self.threads)  # this worker thread's own OpenMP setting
+                rec = next(it, None)
+            if rec is None:
+                return
+            yield rec
+
+
+def hub_reachable() -> bool:
+    from mars.loading import hub_offline
+
+    return not hub_offline()
+
+
+def load_other(model: str, adapter: str | None, load_fn=None, reachable=hub_reachable):
+    """(LoadedModel or None, message). Never raises: on failure the current model keeps serving."""
+    from mars.loading import LoadError, load
+
+    load_fn = load_fn or load
+    model = sanitize_text(model).strip() if isinstance(model, str) else ""
+    adapter = (sanitize_text(adapter).strip() if isinstance(adapter, str) else "") or "auto"
+    if not model:
+        return None, "Give a Hub id (e.g. Xalphinions/MARS-Qwen2.5-0.5B-blk4) or a local folder."
+    is_path = Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model == "smollm2"
+    if not is_path and not reachable():
+        return None, (f"Cannot load {model!r}: this server has no network access to the Hugging Face Hub. "
+                      "Give a local folder instead. The current model keeps serving.")
+    try:
+        lm = load_fn(model, adapter)
+    except LoadError as e:
+        return None, f"Could not load: {e}. The current model keeps serving."
+    except Exception as e:  # anything else must not take the app down either
+        return None, f"Could not load {model!r}: {type(e).__name__}: {e}. The current model keeps serving."
+    return lm, f"Loaded {public_name(lm.name)}."
+
+
+def public_name(name: str | None) -> str | None:
+    """A model or adapter as a visitor may see it: a Hub id or a folder's name, never a server path."""
+    if not name or "/" not in name and "\\" not in name:
+        return name
+    path = Path(name).expanduser()
+    if path.is_absolute() or name.startswith((".", "~")) or path.exists():
+        return path.name or name
+    return name  # a Hub id (owner/name)

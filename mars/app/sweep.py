@@ -1,0 +1,47 @@
+"""One run of a prompt per tau, each compared with the AR output (exact-prefix agreement, AR model's NLL)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Iterator
+
+from mars.app_inputs import check_tau
+from mars.decoding import DecodeConfig, DecodeControl
+
+
+def parse_taus(text: str) -> list[float]:
+    try:
+        taus = [check_tau(float(x)) for x in str(text).replace(";", ",").split(",") if x.strip()]
+    except ValueError as e:
+        raise ValueError(f"taus must be comma-separated numbers between 0 and 1 ({e})") from None
+    if not taus or len(taus) > 10:
+        raise ValueError("give between 1 and 10 values of tau, e.g. 1.0, 0.9, 0.8, 0.7, 0.5")
+    return taus
+
+
+def sweep(holder, lm, prompt_ids: list[int], base: DecodeConfig, taus: list[float], control: DecodeControl,
+          reference: list[int] | None = None) -> Iterator[list[dict]]:
+    """Run the prompt once per tau; yield the growing table of {tau, passes, tokens, tokens_per_pass,
+    seconds, agreement, nll}. Quality is measured against AR's output (`reference`, else an AR run first):
+    exact-prefix agreement, and the AR model's mean NLL of each text."""
+    from mars.quality import mean_nll, prefix_agreement
+
+    def run(cfg):
+        recs = list(holder.passes(lm, prompt_ids, cfg, control))
+        return [t for r in recs for t in r.token_ids], recs
+
+    if reference is None:
+        reference, _ = run(replace(base, mode="ar"))
+    rows: list[dict] = []
+    for tau in taus:
+        if control.cancelled:
+            return
+        ids, recs = run(replace(base, mode="mars", tau=tau))
+        if control.cancelled or not ids:
+            return
+        with holder.pass_lock:
+            nll = mean_nll(lm, prompt_ids, ids)
+        rows.append({"tau": tau, "passes": len(recs), "tokens": len(ids), "tokens_per_pass": len(ids) / len(recs),
+                     "seconds": sum(r.seconds for r in recs), "agreement": prefix_agreement(reference, ids),
+                     "nll": nll})
+        yield list(rows)
