@@ -26,6 +26,7 @@ from mars import viz
 from mars.app.serving import ModelHolder, load_other, public_name
 from mars.app.session import Session, run_trace
 from mars.app.sweep import parse_taus, sweep
+from mars.app_tabs import BATCH_CSS, build_batch_tab, build_model_list
 from mars.app_inputs import (
     MAX_BLOCK, MODE_LABELS, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
     max_new_tokens_limit,
@@ -37,7 +38,7 @@ EXAMPLES = json.loads((ROOT / "assets" / "examples.json").read_text())
 CHART_EVERY_S = 1.0  # charts are re-drawn at most this often while a run streams (text: every pass)
 LOG = logging.getLogger("mars.app")
 
-CSS = viz.GROUPS_CSS + """
+CSS = viz.GROUPS_CSS + BATCH_CSS + """
 #output .mars-text, #output-ar .mars-text { max-height: 32em; overflow-y: auto; }
 #mars-root.mars-present .mars-text { font-size: 26px; line-height: 1.6; }
 #mars-root.mars-present .mars-tile b { font-size: 2em; }
@@ -383,6 +384,8 @@ class MarsApp:
                         self._generate_tab()
                     with gr.Tab("Sweep τ"):
                         self._sweep_tab()
+                    with gr.Tab("Batch"):  # the paper's Figure 4, live (mars.app_tabs)
+                        self.ui.batch = build_batch_tab(self._lm, self.holder.pass_slot, concurrency_limit=limit)
                     with gr.Tab("How it works"):
                         self._how_tab()
                     with gr.Tab("Model"):
@@ -472,6 +475,7 @@ class MarsApp:
             ui.model_adapter = gr.Textbox(label="adapter folder (optional)", elem_id="model-adapter")
         ui.load_btn = gr.Button("Load", elem_id="load-model")
         ui.model_message = gr.HTML(elem_id="model-message")
+        ui.paper = build_model_list(self.holder.replace)
 
     def _wire(self, demo: gr.Blocks, session: gr.State, limit: int):
         ui = self.ui
@@ -507,6 +511,7 @@ class MarsApp:
                           [ui.chart_sweep, ui.sweep_table], **model_events)
         for slider in (ui.mask_len, ui.mask_block):
             slider.change(self.mask, [ui.mask_len, ui.mask_block], [ui.chart_mask], **quick)
+        ui.paper.event.then(self.model_info, None, info_outputs, api_visibility="private")
         ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter],
                          [ui.model_message, ui.model_banner, ui.model_info, ui.block],
                          concurrency_limit=1, api_visibility="private")

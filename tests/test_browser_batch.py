@@ -1,10 +1,5 @@
-"""The Batch tab in headless Chromium (Playwright), once the tab is wired into app.py.
-
-NOT YET RUN: written where no Chromium was installed. It skips unless /usr/bin/chromium, the playwright
-package and a wired Batch tab (app.py calling `build_batch_tab`) are all present. The same selectors were
-checked over Gradio's HTTP queue protocol against a throwaway wiring (rows, groups, idle markers, escaping,
-comparison, downloads).
-"""
+"""The Batch tab in headless Chromium (Playwright): rows, groups, idle markers, escaping, the measured
+comparison, downloads, and a bad input's message. Skips where Chromium or playwright is missing."""
 
 from __future__ import annotations
 
@@ -20,8 +15,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
-if "build_batch_tab" not in (ROOT / "app.py").read_text():
-    pytest.skip("the Batch tab is not wired into app.py yet", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing (pip install playwright==1.65.2)")
 
 PROMPTS = ["what is the capital of france ?", "tell me a word", '<img src=x onerror="window.__xss=1">']

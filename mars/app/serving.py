@@ -61,6 +61,23 @@ def default_provider() -> Callable[[], object]:
     return provide
 
 
+class PassSlot:
+    """One forward pass at a time, on the holder's thread count: the pass lock, and the calling worker
+    thread's own OpenMP setting (set here because a worker thread keeps the count it started with)."""
+
+    def __init__(self, holder):
+        self.holder = holder
+
+    def __enter__(self):
+        self.holder.pass_lock.acquire()
+        if torch.get_num_threads() != self.holder.threads:
+            torch.set_num_threads(self.holder.threads)
+
+    def __exit__(self, *exc):
+        self.holder.pass_lock.release()
+        return False
+
+
 class ModelHolder:
     """One model for every visitor: loaded once (at start-up with `start()`, else on first use); replaced
     only by an explicit load. A failed load is remembered, so every visitor gets its message at once
@@ -74,6 +91,7 @@ class ModelHolder:
         self._loader: threading.Thread | None = None
         self.pass_lock = threading.Lock()
         self.threads = threads or pass_threads()
+        self.pass_slot = PassSlot(self)  # `with holder.pass_slot:` around every forward pass, whatever runs it
 
     def start(self) -> None:
         """Load and warm up in a background thread now, so the first visitor does not wait for it."""
@@ -139,9 +157,7 @@ class ModelHolder:
         """`decoding.stream`, one forward pass at a time under the pass lock, on `self.threads` threads."""
         it = stream(lm, prompt_ids, cfg, control)
         while True:
-            with self.pass_lock:
-                if torch.get_num_threads() != self.threads:
-                    torch.set_num_threads(self.threads)  # this worker thread's own OpenMP setting
+            with self.pass_slot:
                 rec = next(it, None)
             if rec is None:
                 return
