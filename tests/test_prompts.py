@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -27,11 +26,8 @@ def load_jsonl(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def builder():
-    spec = importlib.util.spec_from_file_location("build_prompts", ROOT / "scripts" / "build_prompts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def builder(load_script):
+    return load_script("build_prompts")
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +109,8 @@ def test_build_is_deterministic_and_matches_files(builder, data):
 
 
 @pytest.fixture(scope="module")
-def magpie():
-    spec = importlib.util.spec_from_file_location("magpie", ROOT / "scripts" / "magpie.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def magpie(load_script):
+    return load_script("magpie")
 
 
 @pytest.mark.parametrize("text, why", [
