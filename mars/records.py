@@ -149,11 +149,11 @@ class RunTotals:
         return self.tokens / max(1, self.batch_passes)
 
     @property
-    def tokens_per_second(self) -> float:
-        """Tokens per second of wall time (the forward calls')."""
-        return self.tokens / self.batch_seconds if self.batch_seconds > 0 else 0.0
-
-    @property
     def input_per_pass(self) -> float | None:
         """Forward-input positions per row and forward call: the window width the passes paid for."""
         return self.input_positions / self.batch_passes if self.batch_passes else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens per second of wall time (the forward calls')."""
+        return self.tokens / self.batch_seconds if self.batch_seconds > 0 else 0.0
