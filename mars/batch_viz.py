@@ -66,7 +66,7 @@ def render_row_html(row, batch_passes: int, prompt_chars: int = 90) -> str:
     pass order; group k of the row takes the k-th colour of the alternation, as in the main output."""
     run = row.run
     events = [(rec.pass_index, "group", k) for k, rec in enumerate(run.steps)]
-    events += [(run[0], "idle", run) for run in _runs(row.idle_passes)]
+    events += [(stretch[0], "idle", stretch) for stretch in _runs(row.idle_passes)]
     parts = []
     for _, kind, what in sorted(events, key=lambda e: e[0]):
         if kind == "group":
