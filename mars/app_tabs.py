@@ -35,7 +35,7 @@ EXAMPLE_PROMPTS = "\n".join([
     "List three prime numbers.",
     "Explain in one sentence what a KV cache is.",
 ])
-EMPTY = "One row per prompt appears here; each coloured span is one forward pass of the whole batch."
+EMPTY = "One row per prompt appears here; each coloured span is one pass of the whole batch."
 
 
 @dataclass
@@ -73,9 +73,10 @@ def write_batch_files(session: BatchSession, state, comp, model: dict) -> tuple[
 
 
 def summary_line(state) -> str:
-    return (f"{len(state.rows)} prompts, {state.passes} forward passes of the batch, {state.tokens} tokens "
-            f"({state.tokens_per_forward:.2f} per pass), {state.idle_row_passes} row-passes idle at cache-block ends, "
-            f"{state.seconds:.2f} s of decoding; tau {state.settings['tau']}, B {state.settings['block_size']}, "
+    t = state.totals
+    return (f"{len(state.rows)} prompts, {state.batch_passes} passes of the batch, {t.tokens} tokens "
+            f"({t.tokens_per_batch_pass:.2f} per pass), {state.idle_row_passes} row-passes idle at cache-block ends, "
+            f"{t.batch_seconds:.2f} s of decoding; tau {state.settings['tau']}, B {state.settings['block_size']}, "
             f"cache block {state.settings['cache_block']}.")
 
 
@@ -151,7 +152,7 @@ def build_batch_tab(get_lm: Callable[[], object], pass_lock=None, concurrency_li
             c.max_new = gr.Slider(8, 256, value=64, step=8, label="max new tokens", elem_id="batch-max-new-tokens")
             c.cache_block = gr.Slider(4, 64, value=16, step=4, label="cache block (paper: 32 at batch 4/8)",
                                       elem_id="batch-cache-block")
-            c.axis = gr.Radio([("seconds", "time"), ("forward passes", "pass")], value="time",
+            c.axis = gr.Radio([("seconds", "time"), ("passes", "pass")], value="time",
                               label="timeline axis", elem_id="batch-axis")
     with gr.Row():
         c.run = gr.Button("Run batch", variant="primary", elem_id="batch-run")

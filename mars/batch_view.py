@@ -2,10 +2,10 @@
 
 Plain Python over the decoder core (`mars.decoding.decode_steps`), testable without Gradio:
 - `parse_batch_prompts`: the textbox (one prompt per line) into 1..MAX_BATCH checked prompts;
-- `run_batch`: the batch's state after every forward pass (each row's groups, its idle passes, whether
-  it has finished), on one shared time axis;
+- `run_batch`: the batch's state after every pass (each row's `RunRecord`, filled as the passes arrive,
+  and its idle passes), on one shared time axis;
 - `measure_comparison`: the same prompts as the MARS batch, one at a time (MARS, batch 1 each), and as
-  AR at the same batch size: every figure measured, none estimated.
+  AR at the same batch size: every figure measured, none estimated, and added up by `RunTotals`.
 
 A row that is still decoding but has no record in a pass was idling at the cache-block end (the core
 feeds it no masks until every row has reached that end). Idling never changes a row's output, so the
@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from mars.decoding import DecodeConfig, DecodeControl, PassRecord, decode_steps
+from mars.decoding import DecodeConfig, DecodeControl, decode_steps
+from mars.records import PassRecord, RunRecord, RunTotals
 
 MAX_BATCH = 8  # rows shown at once; the paper's Figure 4 uses 4
 
@@ -52,59 +53,41 @@ def parse_batch_prompts(text, check: Callable[[str], str] | None = None) -> list
 
 @dataclass
 class BatchRow:
-    """One prompt of the batch: its accepted groups and the passes it spent idle."""
+    """One prompt of the batch: its run record, each accepted token's text, and the passes it spent idle."""
 
     index: int
     prompt: str
-    prompt_ids: list[int]
-    records: list[PassRecord] = field(default_factory=list)  # the passes in which this row proposed
-    token_texts: list[list[str]] = field(default_factory=list)  # per record, each accepted token's text
+    run: RunRecord  # the passes in which this row proposed, added as they arrive
+    token_texts: list[list[str]] = field(default_factory=list)  # per pass record, each accepted token's text
     idle_passes: list[int] = field(default_factory=list)  # batch pass indices spent waiting at a block end
-    finish_reason: str | None = None
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for r in self.records for t in r.token_ids]
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.records)
-
-    @property
-    def text(self) -> str:
-        return "".join(r.text for r in self.records)
-
-    @property
-    def tokens_per_pass(self) -> float:
-        """Tokens per pass in which the row proposed (idle passes excluded): the acceptance figure."""
-        return self.tokens / max(1, len(self.records))
+        return self.run.finish_reason is not None
 
     def to_dict(self) -> dict:
+        run = self.run
         return {
-            "row": self.index, "prompt": self.prompt, "text": self.text, "token_ids": self.token_ids,
-            "tokens": self.tokens, "passes": len(self.records), "idle_passes": list(self.idle_passes),
-            "tokens_per_pass": self.tokens_per_pass, "finish_reason": self.finish_reason,
+            "row": self.index, "prompt": self.prompt, "text": run.text, "token_ids": run.token_ids,
+            "tokens": run.tokens, "passes": run.passes, "idle_passes": list(self.idle_passes),
+            "tokens_per_pass": run.tokens_per_pass, "finish_reason": run.finish_reason,
             "groups": [{"pass_index": r.pass_index, "token_ids": r.token_ids, "token_texts": tt, "text": r.text,
                         "confidences": r.confidences, "tau": r.tau}
-                       for r, tt in zip(self.records, self.token_texts)],
+                       for r, tt in zip(run.steps, self.token_texts)],
         }
 
 
 @dataclass
 class BatchState:
-    """A batch run as it happens: its rows and the shared time axis (one entry per forward pass)."""
+    """A batch run as it happens: its rows and the shared time axis (one entry per batch pass)."""
 
     rows: list[BatchRow]
     settings: dict
-    pass_seconds: list[float] = field(default_factory=list)  # wall time of each batch forward pass
+    pass_seconds: list[float] = field(default_factory=list)  # wall time of each batch pass
     done: bool = False
 
     @property
-    def passes(self) -> int:
+    def batch_passes(self) -> int:
         return len(self.pass_seconds)
 
     @property
@@ -117,26 +100,18 @@ class BatchState:
         return starts
 
     @property
-    def seconds(self) -> float:
-        return sum(self.pass_seconds)
-
-    @property
-    def tokens(self) -> int:
-        return sum(r.tokens for r in self.rows)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        """All rows' tokens per batch forward pass: the batch's throughput per model call."""
-        return self.tokens / max(1, self.passes)
+    def totals(self) -> RunTotals:
+        return RunTotals.of(r.run for r in self.rows)
 
     @property
     def idle_row_passes(self) -> int:
         return sum(len(r.idle_passes) for r in self.rows)
 
     def to_dict(self) -> dict:
+        t = self.totals
         return {
-            "settings": self.settings, "forward_passes": self.passes, "tokens": self.tokens,
-            "tokens_per_forward": self.tokens_per_forward, "decode_seconds": self.seconds,
+            "settings": self.settings, "batch_passes": self.batch_passes, "tokens": t.tokens,
+            "tokens_per_batch_pass": t.tokens_per_batch_pass, "batch_seconds": t.batch_seconds,
             "pass_seconds": list(self.pass_seconds), "idle_row_passes": self.idle_row_passes,
             "rows": [r.to_dict() for r in self.rows],
         }
@@ -166,16 +141,15 @@ def run_batch(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: DecodeCo
     control = control or DecodeControl()
     settings = {"mode": cfg.mode, "tau": cfg.tau, "block_size": cfg.block_size, "cache_block": cfg.cache_block,
                 "max_new_tokens": cfg.max_new_tokens, "batch_size": len(prompt_ids)}
-    state = BatchState([BatchRow(i, p, list(ids)) for i, (p, ids) in enumerate(zip(prompts, prompt_ids))],
-                       settings)
+    state = BatchState([BatchRow(i, p, RunRecord(cfg, list(ids)))
+                        for i, (p, ids) in enumerate(zip(prompts, prompt_ids))], settings)
     for records, seconds in _timed_steps(lm, prompt_ids, cfg, control, lock):
-        index = state.passes
+        index = state.batch_passes
         proposed = {rec.row for rec in records}
         for rec in records:
             row = state.rows[rec.row]
-            row.records.append(rec)
+            row.run.add(rec)
             row.token_texts.append([lm.tokenizer.decode([t]) for t in rec.token_ids])  # as the main view
-            row.finish_reason = rec.finish_reason
         for row in state.rows:
             if not row.finished and row.index not in proposed:
                 row.idle_passes.append(index)  # live, but waiting at the cache-block end
@@ -183,7 +157,7 @@ def run_batch(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: DecodeCo
         yield state
     if control.cancelled:
         for row in state.rows:
-            row.finish_reason = row.finish_reason or "cancelled"
+            row.run.finish_reason = row.run.finish_reason or "cancelled"
     state.done = True
     yield state
 
@@ -193,35 +167,24 @@ def run_batch(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: DecodeCo
 
 @dataclass
 class RunMeasure:
-    """One way of decoding the batch's prompts, measured."""
+    """One way of decoding the batch's prompts, measured: its runs added up.
+
+    From `totals`: batch_passes (model calls), passes (a row's pass counts once per row that proposed: idle
+    and finished rows excluded), tokens_per_batch_pass (what a batch gains from its width), tokens_per_pass
+    (MARS's own gain, AR: 1), batch_seconds (wall time of the model calls).
+    """
 
     label: str
     mode: str
     batch_size: int  # rows per forward pass
-    forwards: int  # model calls
-    tokens: int  # all rows together
-    seconds: float  # wall time of the model calls, summed
-    row_passes: int  # (row, pass) pairs in which a row proposed: idle rows and finished rows excluded
-
-    @property
-    def tokens_per_forward(self) -> float:
-        """All rows' tokens per model call: what a batch gains from its width."""
-        return self.tokens / max(1, self.forwards)
-
-    @property
-    def tokens_per_row_pass(self) -> float:
-        """Tokens a row accepts per pass it proposes in: MARS's own gain (AR: 1)."""
-        return self.tokens / max(1, self.row_passes)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+    totals: RunTotals
 
     def to_dict(self) -> dict:
-        return {"label": self.label, "mode": self.mode, "batch_size": self.batch_size, "forwards": self.forwards,
-                "tokens": self.tokens, "tokens_per_forward": self.tokens_per_forward, "row_passes": self.row_passes,
-                "tokens_per_row_pass": self.tokens_per_row_pass, "seconds": self.seconds,
-                "tokens_per_second": self.tokens_per_second}
+        t = self.totals
+        return {"label": self.label, "mode": self.mode, "batch_size": self.batch_size,
+                "batch_passes": t.batch_passes, "tokens": t.tokens, "tokens_per_batch_pass": t.tokens_per_batch_pass,
+                "passes": t.passes, "tokens_per_pass": t.tokens_per_pass, "batch_seconds": t.batch_seconds,
+                "tokens_per_second": t.tokens_per_second}
 
 
 @dataclass
@@ -235,9 +198,10 @@ class BatchComparison:
 
     def speedup(self, other: RunMeasure | None) -> float | None:
         """Measured wall-clock ratio per generated token: other's seconds/token over the batch's."""
-        if other is None or not other.tokens or not self.batch.tokens or self.batch.seconds <= 0:
+        mine = self.batch.totals
+        if other is None or not other.totals.tokens or not mine.tokens or mine.batch_seconds <= 0:
             return None
-        return (other.seconds / other.tokens) / (self.batch.seconds / self.batch.tokens)
+        return (other.totals.batch_seconds / other.totals.tokens) / (mine.batch_seconds / mine.tokens)
 
     @property
     def runs(self) -> list[RunMeasure]:
@@ -250,8 +214,16 @@ class BatchComparison:
 
 def batch_measure(state: BatchState) -> RunMeasure:
     return RunMeasure(f"{state.settings['mode'].upper()} batch of {len(state.rows)}", state.settings["mode"],
-                      len(state.rows), state.passes, state.tokens, state.seconds,
-                      sum(len(r.records) for r in state.rows))
+                      len(state.rows), state.totals)
+
+
+def _decode(lm, prompt_ids: list[list[int]], cfg: DecodeConfig, control: DecodeControl, lock) -> list[RunRecord]:
+    """generate_ids, with `lock` held around every pass."""
+    runs = [RunRecord(cfg, list(p)) for p in prompt_ids]
+    for records, _ in _timed_steps(lm, prompt_ids, cfg, control, lock):
+        for rec in records:
+            runs[rec.row].add(rec)
+    return runs
 
 
 def measure_comparison(lm, state: BatchState, cfg: DecodeConfig, control: DecodeControl | None = None,
@@ -262,33 +234,22 @@ def measure_comparison(lm, state: BatchState, cfg: DecodeConfig, control: Decode
     """
     control = control or DecodeControl()
     comp = BatchComparison(batch_measure(state))
-    prompt_ids = [r.prompt_ids for r in state.rows]
+    prompt_ids = [r.run.prompt_ids for r in state.rows]
 
-    forwards = tokens = 0
-    seconds = 0.0
-    alone_ids = []
+    alone: list[RunRecord] = []
     for ids in prompt_ids:
-        out: list[int] = []
-        for records, took in _timed_steps(lm, [ids], cfg, control, lock):
-            forwards, seconds = forwards + 1, seconds + took
-            out += [t for rec in records for t in rec.token_ids]
+        alone += _decode(lm, [ids], cfg, control, lock)
         if control.cancelled:
             return
-        tokens += len(out)
-        alone_ids.append(out)
-    comp.one_at_a_time = RunMeasure(f"{cfg.mode.upper()} one at a time", cfg.mode, 1, forwards, tokens, seconds,
-                                    forwards)
-    comp.same_as_alone = all(a == r.token_ids for a, r in zip(alone_ids, state.rows))
+    # one total per decode: separate decodes each number their passes from 0
+    comp.one_at_a_time = RunMeasure(f"{cfg.mode.upper()} one at a time", cfg.mode, 1,
+                                    sum((RunTotals.of([run]) for run in alone), RunTotals()))
+    comp.same_as_alone = all(a.token_ids == r.run.token_ids for a, r in zip(alone, state.rows))
     yield replace(comp)  # a snapshot: the caller may keep it
 
     ar_cfg = replace(cfg, mode="ar", tau=1.0, block_size=1)
-    forwards = tokens = row_passes = 0
-    seconds = 0.0
-    for records, took in _timed_steps(lm, prompt_ids, ar_cfg, control, lock):
-        forwards, seconds, row_passes = forwards + 1, seconds + took, row_passes + len(records)
-        tokens += sum(len(rec.token_ids) for rec in records)
+    ar = _decode(lm, prompt_ids, ar_cfg, control, lock)
     if control.cancelled:
         return
-    comp.ar_batch = RunMeasure(f"AR batch of {len(prompt_ids)}", "ar", len(prompt_ids), forwards, tokens, seconds,
-                               row_passes)
+    comp.ar_batch = RunMeasure(f"AR batch of {len(prompt_ids)}", "ar", len(prompt_ids), RunTotals.of(ar))
     yield replace(comp)  # a snapshot: the caller may keep it

@@ -64,23 +64,24 @@ def row_state(row, batch_passes: int) -> str:
 def render_row_html(row, batch_passes: int, prompt_chars: int = 90) -> str:
     """One prompt's row: a header (number, state, counts, the prompt) and its groups and idle stretches in
     pass order; group k of the row takes the k-th colour of the alternation, as in the main output."""
-    events = [(rec.pass_index, "group", k) for k, rec in enumerate(row.records)]
-    events += [(run[0], "idle", run) for run in _runs(row.idle_passes)]
+    run = row.run
+    events = [(rec.pass_index, "group", k) for k, rec in enumerate(run.steps)]
+    events += [(stretch[0], "idle", stretch) for stretch in _runs(row.idle_passes)]
     parts = []
     for _, kind, what in sorted(events, key=lambda e: e[0]):
         if kind == "group":
-            parts.append(viz.render_group(row.records[what], row.token_texts[what], what))
+            parts.append(viz.render_group(run.steps[what], row.token_texts[what], what))
         else:
             parts.append(_idle_marker(what))
     state = row_state(row, batch_passes)
-    status = f"finished: {row.finish_reason}" if row.finished else state
+    status = f"finished: {run.finish_reason}" if row.finished else state
     prompt = row.prompt if len(row.prompt) <= prompt_chars else row.prompt[: prompt_chars - 1] + "…"
     head = (f'<div class="mars-row-head"><b>#{row.index + 1}</b><span>{viz.esc(status)}</span>'
-            f"<span>{row.tokens} tokens · {len(row.records)} passes · {len(row.idle_passes)} idle · "
-            f"{row.tokens_per_pass:.2f} tokens/pass</span>"
+            f"<span>{run.tokens} tokens · {run.passes} passes · {len(row.idle_passes)} idle · "
+            f"{run.tokens_per_pass:.2f} tokens/pass</span>"
             f'<span class="mars-row-prompt" title="{viz.esc(row.prompt)}">{viz.esc(prompt)}</span></div>')
-    attrs = (f'data-row="{row.index}" data-state="{state}" data-tokens="{row.tokens}" '
-             f'data-passes="{len(row.records)}" data-idle="{len(row.idle_passes)}"')
+    attrs = (f'data-row="{row.index}" data-state="{state}" data-tokens="{run.tokens}" '
+             f'data-passes="{run.passes}" data-idle="{len(row.idle_passes)}"')
     return f'<div class="mars-row" {attrs}>{head}<div class="mars-text">{"".join(parts)}</div></div>'
 
 
@@ -89,8 +90,8 @@ def render_batch_html(state, placeholder: str = "") -> str:
     if state is None or not state.rows:
         inner = f'<span class="mars-placeholder">{viz.esc(placeholder)}</span>' if placeholder else ""
         return f'<div class="mars-batch" data-rows="0" data-passes="0" data-state="idle">{inner}</div>'
-    rows = "".join(render_row_html(r, state.passes) for r in state.rows)
-    attrs = (f'data-rows="{len(state.rows)}" data-passes="{state.passes}" '
+    rows = "".join(render_row_html(r, state.batch_passes) for r in state.rows)
+    attrs = (f'data-rows="{len(state.rows)}" data-passes="{state.batch_passes}" '
              f'data-state="{"done" if state.done else "running"}" data-idle="{state.idle_row_passes}"')
     return f'<div class="mars-batch" {attrs}>{rows}</div>'
 
@@ -121,7 +122,7 @@ def make_batch_timeline_figure(state, axis: str = "time") -> go.Figure:
     idle = dict(y=[], base=[], x=[], hover=[])
     labels = [f"#{r.index + 1}" for r in rows]
     for r, label in zip(rows, labels):
-        for k, rec in enumerate(r.records):
+        for k, rec in enumerate(r.run.steps):
             b, w = span(rec.pass_index)
             n = len(rec.token_ids)
             acc["y"].append(label), acc["base"].append(b), acc["x"].append(w)
@@ -141,9 +142,10 @@ def make_batch_timeline_figure(state, axis: str = "time") -> go.Figure:
                marker=dict(color=IDLE_COLOR, pattern=dict(shape="/", fgcolor="#888888"), line=line),
                customdata=idle["hover"], hovertemplate="%{customdata}<extra></extra>"),
     ]
-    title = (f"Batch of {len(rows)}: {state.passes} forward passes, {state.tokens} tokens "
-             f"({state.tokens_per_forward:.2f} per pass)") if rows else "Batch: passes on a shared time axis"
-    x_title = "seconds of decoding (shared by all rows)" if axis == "time" else "forward pass (shared by all rows)"
+    totals = state.totals if rows else None
+    title = (f"Batch of {len(rows)}: {state.batch_passes} passes, {totals.tokens} tokens "
+             f"({totals.tokens_per_batch_pass:.2f} per pass)") if rows else "Batch: passes on a shared time axis"
+    x_title = "seconds of decoding (shared by all rows)" if axis == "time" else "pass (shared by all rows)"
     return viz._figure(traces, title, height=max(220, 90 + 34 * len(rows)), barmode="overlay", bargap=0.25,
                        margin=dict(l=50, r=15, t=40, b=90),
                        xaxis=dict(title=dict(text=x_title), rangemode="tozero"),
@@ -154,10 +156,10 @@ def render_comparison_html(comp) -> str:
     """The measured comparison as a table (elem id batch-compare-table) and a one-line verdict."""
     if comp is None:
         return '<div class="mars-note">The comparison runs after the batch: each prompt alone, then AR.</div>'
-    headers = ["run", "batch size", "forward passes", "tokens", "tokens / forward", "tokens / row-pass",
+    headers = ["run", "batch size", "batch passes", "tokens", "tokens / batch pass", "tokens / pass",
                "seconds", "tokens / s"]
-    rows = [[r.label, r.batch_size, r.forwards, r.tokens, r.tokens_per_forward, r.tokens_per_row_pass, r.seconds,
-             r.tokens_per_second] for r in comp.runs]
+    rows = [[r.label, r.batch_size, r.totals.batch_passes, r.totals.tokens, r.totals.tokens_per_batch_pass,
+             r.totals.tokens_per_pass, r.totals.batch_seconds, r.totals.tokens_per_second] for r in comp.runs]
     table = viz.render_table_html(headers, rows, elem_id="batch-compare-table")
     notes = []
     for name, other in (("one at a time", comp.one_at_a_time), ("AR at the same batch size", comp.ar_batch)):

@@ -6,6 +6,7 @@ Vocabulary, the same for the app, the CLI, the benchmark, the evaluation and the
   tokens          generated tokens (an EOS that ended the run included)
   tokens_per_pass tokens / passes: the speed-up over AR in passes (AR = 1.0)
   decode_seconds  wall time of the passes (a batch's pass time is shared by its rows)
+  batch pass      one forward call, counted once however many rows it served (batch_passes, batch_seconds)
 The benchmark and evaluation JSON files keep their historical keys (`forwards`, `tokens_per_forward`): those
 files are read by mars.plots and the scripts, and stored results must stay readable.
 """
@@ -113,33 +114,46 @@ class RunTotals:
     passes: int = 0  # summed over rows: a batch pass counts once per row that proposed in it
     decode_seconds: float = 0.0  # summed over rows
     batch_passes: int = 0  # forward calls: a batch's pass counts once
+    batch_seconds: float = 0.0  # wall time of the forward calls: a batch's pass time counts once
     input_positions: int = 0  # forward-input positions per row, summed over the forward calls
     histogram: Counter = field(default_factory=Counter)  # tokens accepted in a pass -> how many passes
 
     @classmethod
     def of(cls, runs: Iterable[RunRecord]) -> "RunTotals":
         runs = list(runs)
-        widths = {s.pass_index: s.input_len for r in runs for s in r.steps}  # one width per batch pass
+        per_pass = {s.pass_index: s for r in runs for s in r.steps}  # one record per batch pass
         return cls(
             runs=len(runs),
             tokens=sum(r.tokens for r in runs),
             passes=sum(r.passes for r in runs),
             decode_seconds=sum(r.decode_seconds for r in runs),
-            batch_passes=len(widths),
-            input_positions=sum(widths.values()),
+            batch_passes=len(per_pass),
+            batch_seconds=sum(s.seconds for s in per_pass.values()),
+            input_positions=sum(s.input_len for s in per_pass.values()),
             histogram=Counter(len(s.token_ids) for r in runs for s in r.steps),
         )
 
     def __add__(self, other: "RunTotals") -> "RunTotals":
         return RunTotals(self.runs + other.runs, self.tokens + other.tokens, self.passes + other.passes,
                          self.decode_seconds + other.decode_seconds, self.batch_passes + other.batch_passes,
-                         self.input_positions + other.input_positions, self.histogram + other.histogram)
+                         self.batch_seconds + other.batch_seconds, self.input_positions + other.input_positions,
+                         self.histogram + other.histogram)
 
     @property
     def tokens_per_pass(self) -> float:
         return self.tokens / max(1, self.passes)
 
     @property
+    def tokens_per_batch_pass(self) -> float:
+        """All rows' tokens per forward call: what a batch gains from its width (batch 1: tokens_per_pass)."""
+        return self.tokens / max(1, self.batch_passes)
+
+    @property
     def input_per_pass(self) -> float | None:
         """Forward-input positions per row and forward call: the window width the passes paid for."""
         return self.input_positions / self.batch_passes if self.batch_passes else None
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Tokens per second of wall time (the forward calls')."""
+        return self.tokens / self.batch_seconds if self.batch_seconds > 0 else 0.0

@@ -47,6 +47,9 @@ def test_batch_runner_streams_rows_then_the_comparison_then_the_files(tiny_lm):
     page = open(html_file, encoding="utf-8").read()
     assert page.count('class="mars-row"') == 3 and "batch-compare-table" in page
     trace = json.load(open(json_file, encoding="utf-8"))
+    assert "forward" not in json.dumps(trace)  # the one vocabulary: passes, tokens per pass
+    assert trace["batch"]["batch_passes"] == len(trace["batch"]["pass_seconds"])
+    assert [r["tokens_per_pass"] for r in trace["comparison"]["runs"]][2] == 1.0  # AR
     assert [r["prompt"] for r in trace["batch"]["rows"]] == PROMPTS.replace("\n\n", "\n").split("\n")
     assert [r["label"] for r in trace["comparison"]["runs"]] == ["MARS batch of 3", "MARS one at a time",
                                                                  "AR batch of 3"]

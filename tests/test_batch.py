@@ -11,7 +11,8 @@ from mars import batch_viz
 from mars.batch_view import (
     MAX_BATCH, BatchRow, BatchState, measure_comparison, parse_batch_prompts, run_batch,
 )
-from mars.decoding import DecodeConfig, DecodeControl, PassRecord, encode_prompt, generate_ids
+from mars.decoding import DecodeConfig, DecodeControl, encode_prompt, generate_ids
+from mars.records import PassRecord, RunRecord
 
 PROMPTS = [
     "what is the capital of france ?",
@@ -69,7 +70,7 @@ def batch(tiny_lm):
     ids = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS]
     states = []
     for s in run_batch(tiny_lm, PROMPTS, ids, IDLE_CFG):
-        states.append((s.passes, [len(r.records) for r in s.rows], s.done))
+        states.append((s.batch_passes, [r.run.passes for r in s.rows], s.done))
     return s, ids, states
 
 
@@ -102,9 +103,9 @@ def test_each_line_gets_the_single_prompt_check_with_its_line_number():
 def test_one_row_per_prompt_streamed_pass_by_pass(batch):
     state, _, states = batch
     assert len(state.rows) == len(PROMPTS) and [r.prompt for r in state.rows] == PROMPTS
-    assert [p for p, _, _ in states[:-1]] == list(range(1, state.passes + 1))  # one state per forward pass
+    assert [p for p, _, _ in states[:-1]] == list(range(1, state.batch_passes + 1))  # one state per pass
     assert states[-1][2] and not any(d for _, _, d in states[:-1])  # the last one says the run is done
-    assert len(state.pass_seconds) == state.passes and all(s > 0 for s in state.pass_seconds)
+    assert len(state.pass_seconds) == state.batch_passes and all(s > 0 for s in state.pass_seconds)
     assert all(r.finished for r in state.rows)
 
 
@@ -112,7 +113,7 @@ def test_rows_idle_at_cache_block_ends_and_each_pass_is_accounted_for(batch):
     state, _, _ = batch
     assert state.idle_row_passes > 0 and sum(1 for r in state.rows if r.idle_passes) >= 2
     for r in state.rows:
-        proposed = [rec.pass_index for rec in r.records]
+        proposed = [rec.pass_index for rec in r.run.steps]
         assert not set(proposed) & set(r.idle_passes)
         # a row is busy or idle in every pass until it finishes, and absent after
         assert sorted(proposed + r.idle_passes) == list(range(proposed[-1] + 1))
@@ -130,9 +131,9 @@ def test_batch_rows_equal_each_prompt_alone(tiny_lm, batch):
     state, ids, _ = batch
     for row, p in zip(state.rows, ids):
         alone = generate_ids(tiny_lm, [p], IDLE_CFG)[0]
-        assert row.token_ids == alone.token_ids
-        assert [len(r.token_ids) for r in row.records] == [len(s.token_ids) for s in alone.steps]
-        assert row.token_texts[0] == [tiny_lm.tokenizer.decode([t]) for t in row.records[0].token_ids]
+        assert row.run.token_ids == alone.token_ids and row.run.config is IDLE_CFG
+        assert [len(r.token_ids) for r in row.run.steps] == [len(s.token_ids) for s in alone.steps]
+        assert row.token_texts[0] == [tiny_lm.tokenizer.decode([t]) for t in row.run.steps[0].token_ids]
 
 
 def test_comparison_is_measured_against_alone_and_ar_at_the_same_batch_size(tiny_lm, batch):
@@ -140,21 +141,24 @@ def test_comparison_is_measured_against_alone_and_ar_at_the_same_batch_size(tiny
     steps = list(measure_comparison(tiny_lm, state, IDLE_CFG))
     assert len(steps) == 2 and steps[0].ar_batch is None  # alone first, then AR
     comp = steps[-1]
-    b, alone, ar = comp.batch, comp.one_at_a_time, comp.ar_batch
     assert comp.same_as_alone is True
-    assert (b.forwards, b.tokens, b.batch_size) == (state.passes, state.tokens, 4)
+    assert [r.batch_size for r in comp.runs] == [4, 1, 4]
+    b, alone, ar = comp.batch.totals, comp.one_at_a_time.totals, comp.ar_batch.totals
+    assert (b.batch_passes, b.tokens) == (state.batch_passes, sum(r.run.tokens for r in state.rows))
+    assert b.batch_seconds == pytest.approx(sum(state.pass_seconds))
     singles = [generate_ids(tiny_lm, [p], IDLE_CFG)[0] for p in ids]
-    assert alone.forwards == sum(s.forwards for s in singles) and alone.tokens == b.tokens
-    assert alone.batch_size == 1 and alone.tokens_per_row_pass == pytest.approx(b.tokens_per_row_pass)
+    assert alone.batch_passes == alone.passes == sum(s.passes for s in singles) and alone.tokens == b.tokens
+    assert alone.tokens_per_pass == pytest.approx(b.tokens_per_pass)
     ar_runs = generate_ids(tiny_lm, ids, DecodeConfig(mode="ar", max_new_tokens=30))
-    assert ar.tokens == sum(len(r.token_ids) for r in ar_runs) and ar.tokens_per_row_pass == 1.0
-    assert ar.forwards == max(len(r.token_ids) for r in ar_runs) and ar.batch_size == 4
-    assert b.forwards < alone.forwards  # a batch forward serves several rows
-    for other in (alone, ar):
-        s = comp.speedup(other)
-        assert s == pytest.approx((other.seconds / other.tokens) / (b.seconds / b.tokens)) and s > 0
+    assert ar.tokens == sum(len(r.token_ids) for r in ar_runs) and ar.tokens_per_pass == 1.0
+    assert ar.batch_passes == max(len(r.token_ids) for r in ar_runs)
+    assert b.batch_passes < alone.batch_passes  # a batch pass serves several rows
+    for measure, other in ((comp.one_at_a_time, alone), (comp.ar_batch, ar)):
+        s = comp.speedup(measure)
+        assert s == pytest.approx((other.batch_seconds / other.tokens) / (b.batch_seconds / b.tokens)) and s > 0
     d = comp.to_dict()
     assert [r["label"] for r in d["runs"]] == ["MARS batch of 4", "MARS one at a time", "AR batch of 4"]
+    assert d["runs"][2]["tokens_per_pass"] == 1.0 and d["runs"][0]["batch_passes"] == state.batch_passes
 
 
 def test_cancel_ends_the_batch_and_the_comparison(tiny_lm, batch):
@@ -165,9 +169,9 @@ def test_cancel_ends_the_batch_and_the_comparison(tiny_lm, batch):
         seen += 1
         if seen == 2:
             control.cancel()
-    assert state.done and state.passes == 2
-    assert {r.finish_reason for r in state.rows} <= {"cancelled", "eos", "length"}
-    assert any(r.finish_reason == "cancelled" for r in state.rows)
+    assert state.done and state.batch_passes == 2
+    assert {r.run.finish_reason for r in state.rows} <= {"cancelled", "eos", "length"}
+    assert any(r.run.finish_reason == "cancelled" for r in state.rows)
     assert list(measure_comparison(tiny_lm, state, IDLE_CFG, control)) == []
 
 
@@ -184,7 +188,7 @@ def test_a_lock_is_held_around_every_pass(tiny_lm, batch):
             return False
 
     state = final(run_batch(tiny_lm, PROMPTS[:2], ids[:2], IDLE_CFG, lock=Counting()))
-    assert Counting.n == state.passes + 1  # every pass, and the call that finds the run over
+    assert Counting.n == state.batch_passes + 1  # every pass, and the call that finds the run over
 
 
 def test_batch_size_limits(tiny_lm):
@@ -211,14 +215,15 @@ def test_rows_hold_groups_with_the_main_outputs_attributes_and_idle_markers(batc
     for row, chunk, text in zip(state.rows, chunks, parsed.row_text):
         p = Tags('<div class="mars-row" ' + chunk)
         groups = p.having("mars-group")
-        assert [g["data-pass"] for g in groups] == [str(r.pass_index) for r in row.records]
-        assert [g["data-size"] for g in groups] == [str(len(r.token_ids)) for r in row.records]
-        assert [g["data-tau"] for g in groups] == ["0.100"] * len(row.records)
-        assert groups[0]["data-conf"] == " ".join(f"{c:.3f}" for c in row.records[0].confidences)
+        steps = row.run.steps
+        assert [g["data-pass"] for g in groups] == [str(r.pass_index) for r in steps]
+        assert [g["data-size"] for g in groups] == [str(len(r.token_ids)) for r in steps]
+        assert [g["data-tau"] for g in groups] == ["0.100"] * len(steps)
+        assert groups[0]["data-conf"] == " ".join(f"{c:.3f}" for c in steps[0].confidences)
         idle = p.having("mars-idle")
         assert [int(x) for m in idle for x in m["data-passes"].split()] == row.idle_passes
-        end = "∎" * sum(1 for r in row.records if not r.text)  # an empty group (EOS) shows the end mark
-        assert text == row.text + end  # idle markers are drawn by CSS: the row's text is the answer alone
+        end = "∎" * sum(1 for r in steps if not r.text)  # an empty group (EOS) shows the end mark
+        assert text == row.run.text + end  # idle markers are drawn by CSS: the row's text is the answer alone
         # groups and idle stretches appear in pass order
         order = [int(a.get("data-pass") or a["data-passes"].split()[0]) for _, a in p.tags
                  if {"mars-group", "mars-idle"} & set(a.get("class", "").split())]
@@ -228,7 +233,7 @@ def test_rows_hold_groups_with_the_main_outputs_attributes_and_idle_markers(batc
 def test_a_row_waiting_now_is_marked_idle(batch):
     rec = PassRecord(row=0, pass_index=0, token_ids=[1], text="a", confidences=[0.5], rejected_token_ids=[],
                      rejected_confidences=[], tau=0.9, seconds=0.01, cache_len=0, input_len=4)
-    waiting = BatchRow(0, "p", [1], [rec], [["a"]], idle_passes=[1, 2])
+    waiting = BatchRow(0, "p", RunRecord(IDLE_CFG, [1]).add(rec), [["a"]], idle_passes=[1, 2])
     state = BatchState([waiting], {}, pass_seconds=[0.01, 0.01, 0.01])
     row = Tags(batch_viz.render_batch_html(state)).having("mars-row")[0]
     assert row["data-state"] == "idle" and row["data-idle"] == "2"
@@ -242,7 +247,7 @@ def test_prompts_and_outputs_are_escaped(payload):
     rec = PassRecord(row=0, pass_index=0, token_ids=[1, 2], text=payload, confidences=[0.5, 0.4],
                      rejected_token_ids=[], rejected_confidences=[], tau=0.9, seconds=0.01, cache_len=0,
                      input_len=4, finish_reason="eos")
-    state = BatchState([BatchRow(0, payload, [1], [rec], [[payload, ""]], finish_reason="eos")], {},
+    state = BatchState([BatchRow(0, payload, RunRecord(IDLE_CFG, [1]).add(rec), [[payload, ""]])], {},
                        pass_seconds=[0.01], done=True)
     for html in (batch_viz.render_batch_html(state), batch_viz.standalone_batch_html(state, None, payload, payload)):
         parsed = Tags(html)
@@ -260,14 +265,15 @@ def test_timeline_puts_every_pass_on_the_shared_axis(batch):
     state, _, _ = batch
     fig = batch_viz.make_batch_timeline_figure(state)
     acc, idle = fig.data
-    assert len(acc.y) == sum(len(r.records) for r in state.rows)
+    assert len(acc.y) == sum(r.run.passes for r in state.rows)
     assert len(idle.y) == state.idle_row_passes and idle.marker.pattern.shape == "/"
     starts = state.pass_starts
     first = state.rows[0]
-    n = len(first.records)
-    assert list(acc.base[:n]) == [starts[r.pass_index] for r in first.records]
-    assert list(acc.x[:n]) == [state.pass_seconds[r.pass_index] for r in first.records]
-    assert list(acc.text[:n]) == [str(len(r.token_ids)) for r in first.records]
+    steps = first.run.steps
+    n = len(steps)
+    assert list(acc.base[:n]) == [starts[r.pass_index] for r in steps]
+    assert list(acc.x[:n]) == [state.pass_seconds[r.pass_index] for r in steps]
+    assert list(acc.text[:n]) == [str(len(r.token_ids)) for r in steps]
     assert fig.layout.barmode == "overlay" and list(fig.layout.yaxis.categoryarray) == ["#4", "#3", "#2", "#1"]
     by_pass = batch_viz.make_batch_timeline_figure(state, axis="pass")
     assert sorted(by_pass.data[1].base) == sorted(p for r in state.rows for p in r.idle_passes)

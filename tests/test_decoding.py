@@ -318,9 +318,14 @@ def test_run_record_filled_while_streaming_equals_the_finished_run(tiny_lm):
     assert t.tokens == sum(len(r.token_ids) for r in done) and t.passes == sum(len(r.steps) for r in done)
     assert sum(k * n for k, n in t.histogram.items()) == t.tokens and sum(t.histogram.values()) == t.passes
     assert t.batch_passes == len({s.pass_index for r in done for s in r.steps}) <= t.passes
+    # a batch pass's wall time counts once in batch_seconds, once per row in decode_seconds
+    per_pass = {s.pass_index: s.seconds for r in done for s in r.steps}
+    assert t.batch_seconds == pytest.approx(sum(per_pass.values())) and 0 < t.batch_seconds < t.decode_seconds
+    assert t.tokens_per_batch_pass == t.tokens / t.batch_passes and t.tokens_per_second == t.tokens / t.batch_seconds
     both = t + RunTotals.of(done[:1])
     assert (both.runs, both.tokens, both.batch_passes) == (5, t.tokens + done[0].tokens,
                                                            t.batch_passes + done[0].passes)
+    assert both.batch_seconds == pytest.approx(t.batch_seconds + done[0].decode_seconds)
 
 
 def test_config_is_checked_and_normalised_once_with_one_message_per_setting():
