@@ -88,13 +88,39 @@ def load_script():
     return load
 
 
-@pytest.fixture(scope="session")
-def free_port():
-    """Returns a function giving a TCP port nobody listens on right now (for test servers)."""
+# Helpers for the tests that serve the app (imported as `from conftest import ...`)
+CHROMIUM = "/usr/bin/chromium"  # Debian's; scripts/test.sh installs it where missing
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-    def pick() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
 
-    return pick
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve(provider, load_first: bool = True):
+    """The app around `provider` on a free loopback port, as `python app.py` serves it: (demo, url).
+    load_first: load the model before serving (a timed test starts its clock with the model loaded)."""
+    import app
+
+    demo = app.create_demo(provider)
+    if load_first:
+        demo.mars_app.holder.get()
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    return demo, f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through playwright; the test skips where either is missing."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing (pip install playwright)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

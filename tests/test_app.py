@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import gradio as gr
 import pytest
 
 import app as app_module
+from conftest import free_port
 from mars.app.serving import load_other
 from mars.app.session import Session
 from mars.decoding import DecodeConfig, encode_prompt, generate_ids
@@ -273,12 +273,6 @@ def test_default_provider_reads_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("MARS_ADAPTER", "none")
     loaded = default_provider()()
     assert loaded.name == str(folder) and loaded.mask_token == "<|mask|>"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_public_api_over_http_and_bad_input_keeps_serving(lm):

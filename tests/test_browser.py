@@ -12,27 +12,15 @@ Skipped cleanly when /usr/bin/chromium or the playwright package is missing.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+from conftest import free_port, serve
+
 ROOT = Path(__file__).resolve().parent.parent
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing (pip install playwright==1.65.2)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _SLOWED: dict[int, float] = {}  # id(model) -> extra seconds per pass
@@ -67,31 +55,13 @@ def slowed(lm, delay: float = 0.05):
     Works whichever backend runs the model (the fast path bypasses `model.forward`), and touches no
     other model: the wrapper only acts on models registered here.
     """
-    import mars.decoding
+    import mars.cache  # the decoder's cache state makes each run's backend
 
-    if not getattr(mars.decoding.make_backend, "_slowable", False):
-        mars.decoding.make_backend = _slow_make_backend(mars.decoding.make_backend)
-        mars.decoding.make_backend._slowable = True
+    if not getattr(mars.cache.make_backend, "_slowable", False):
+        mars.cache.make_backend = _slow_make_backend(mars.cache.make_backend)
+        mars.cache.make_backend._slowable = True
     _SLOWED[id(lm.model)] = delay
     return lm
-
-
-def serve(provider):
-    import app
-
-    demo = app.create_demo(provider)
-    demo.mars_app.holder.get()  # load before the clock starts: the goal is timed with the model loaded
-    port = free_port()
-    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    return demo, f"http://127.0.0.1:{port}/"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,49 +3,31 @@ comparison, downloads, and a bad input's message. Skips where Chromium or playwr
 
 from __future__ import annotations
 
-import socket
-from pathlib import Path
-
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
-ROOT = Path(__file__).resolve().parent.parent
-
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
-sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is missing (pip install playwright==1.65.2)")
+from conftest import serve
 
 PROMPTS = ["what is the capital of france ?", "tell me a word", '<img src=x onerror="window.__xss=1">']
 
 
 @pytest.fixture(scope="module")
 def url():
-    import app
     import tiny
 
     lm = tiny.make_loaded()
-    demo = app.create_demo(lambda: lm)
-    demo.mars_app.holder.get()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
+    demo, url = serve(lambda: lm)
+    yield url
     demo.close()
 
 
 @pytest.fixture(scope="module")
-def page(url):
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(url)
-        page.get_by_role("tab", name="Batch").click()
-        page.wait_for_selector("#batch-prompts textarea", timeout=60_000)
-        yield page
-        browser.close()
+def page(url, browser):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.get_by_role("tab", name="Batch").click()
+    page.wait_for_selector("#batch-prompts textarea", timeout=60_000)
+    yield page
+    page.close()
 
 
 def set_number(page, elem_id: str, value):
