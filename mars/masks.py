@@ -1,9 +1,13 @@
 """Every attention mask of the project, as pure functions of sizes: True = the query (row) may attend to
 the key (column).
 
-  training   `mars.objective.mars_attention_mask(L, B, noisy_start)`: the [clean | noisy] mask of one
-             training sequence (METHOD.md's four rules). It still lives in objective.py while the training
-             layout is being reworked there; it moves here with the package layout.
+  training   `mars_attention_mask(L, B, noisy_start)`: the [clean | noisy] mask of one training sequence;
+             `multi_copy_mask`: [clean | noisy_1 | noisy_2 ...] with shifted block grids. Rules (METHOD.md),
+             with block(t) = t // B counted from position 0 of the sequence (or from a grid offset):
+               clean -> clean : k <= q                       (causal)
+               noisy -> noisy : block(k) == block(q), k <= q (causal inside the block)
+               noisy -> clean : block(k) <  block(q)         (strictly earlier clean blocks)
+               clean -> noisy : never
   inference  `window_mask`: one row's part of a decoding pass (its uncached real tokens, drafts fed as
              real tokens, groups of masks); `pass_mask`: the rows' windows behind their cached columns.
   additive   `additive_mask`: a boolean mask as the float mask attention adds to its scores.
@@ -63,3 +67,49 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """
     out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     return out.masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def _blocks(pos: torch.Tensor, block_size: int, offset: int) -> torch.Tensor:
+    """Block index of each position on the grid whose blocks start at offset + k*B (positions before the
+    offset form block -1); offset 0 gives t // B."""
+    return torch.div(pos - offset, block_size, rounding_mode="floor")
+
+
+def mars_attention_mask(length: int, block_size: int, noisy_start: int = 0, offset: int = 0) -> torch.Tensor:
+    """Boolean (L + L - s, L + L - s) mask for one sequence laid out as [clean 0..L-1 | noisy s..L-1].
+
+    True = the query (row) may attend to the key (column). `noisy_start` must be a block boundary of the
+    grid shifted by `offset` (blocks start at offset + k*B; 0 is always a boundary).
+    """
+    return multi_copy_mask(length, block_size, [(noisy_start, length, offset)])
+
+
+def multi_copy_mask(length: int, block_size: int, copies: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Boolean mask for [clean 0..L-1 | noisy_1 | noisy_2 | ...]: copy k = (start, end, offset) holds
+    positions start..end-1 on the block grid shifted by `offset`.
+
+    Each noisy copy follows the rules of the module docstring on its own grid: it sees the clean blocks
+    strictly before its block (on its grid) and its own block causally; it never sees another noisy copy,
+    and the clean copy sees no noisy copy.
+    """
+    B = block_size
+    if block_size < 1 or length < 1:
+        raise ValueError("length and block_size must be >= 1")
+    for start, end, offset in copies:
+        if not 0 <= offset < B:
+            raise ValueError(f"offset {offset} must be in [0, {B})")
+        if (start and (start - offset) % B) or not 0 <= start <= end <= length:
+            raise ValueError(f"noisy_start {start} must be a block boundary inside [0, {length}]")
+    clean_pos = torch.arange(length)
+    n_total = length + sum(end - start for start, end, _ in copies)
+    mask = torch.zeros(n_total, n_total, dtype=torch.bool)
+    mask[:length, :length] = clean_pos[None, :] <= clean_pos[:, None]
+    at = length
+    for start, end, offset in copies:
+        pos = torch.arange(start, end)
+        n = len(pos)
+        bq = _blocks(pos, B, offset)
+        mask[at:at + n, :length] = _blocks(clean_pos, B, offset)[None, :] < bq[:, None]
+        mask[at:at + n, at:at + n] = (bq[None, :] == bq[:, None]) & (pos[None, :] <= pos[:, None])
+        at += n
+    return mask

@@ -8,7 +8,7 @@ import pytest
 
 from mars import viz
 from mars.decoding import PassRecord
-from mars.objective import mars_attention_mask
+from mars.masks import mars_attention_mask
 
 XSS = ["<script>alert(1)</script>", '<img src=x onerror="alert(1)">']
 
