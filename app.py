@@ -1,8 +1,8 @@
 """MARS Playground: a Gradio Space that makes multi-token generation visible.
 
 Components and event handlers only. The shared model is `mars.app.serving`, a visitor's state
-`mars.app.session`, the tau sweep `mars.app.sweep`, input checks `mars.app_inputs`, drawing and text
-`mars.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
+`mars.app.session`, the tau sweep `mars.app.sweep`, input checks `mars.app.inputs`, drawing and text
+`mars.app.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
 choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default:
 every core) torch's threads per pass, MARS_MAX_NEW_TOKENS (default 512) the largest request,
 MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt. Every limit is checked here, on the server,
@@ -22,16 +22,16 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from mars import viz
+from mars.app import viz
 from mars.app.serving import ModelHolder, load_other, public_name
 from mars.app.session import Session, run_trace
 from mars.app.sweep import parse_taus, sweep
-from mars.app_tabs import BATCH_CSS, build_batch_tab, build_model_list
-from mars.app_inputs import (
+from mars.app.tabs import BATCH_CSS, build_batch_tab, build_model_list
+from mars.app.inputs import (
     MAX_BLOCK, MODE_LABELS, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
     max_new_tokens_limit,
 )
-from mars.decoding import DecodeControl
+from mars.core.decoding import DecodeControl
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = json.loads((ROOT / "assets" / "examples.json").read_text())
@@ -87,7 +87,7 @@ class MarsApp:
 
     # ------------------------------------------------------------------------------------------ helpers
     def _lm(self):
-        from mars.loading import LoadError
+        from mars.models.loading import LoadError
 
         try:
             return self.holder.get()
@@ -153,7 +153,7 @@ class MarsApp:
     def model_info(self):
         """(one-line banner, full table, trained block size, keep polling?). While the model loads at
         start-up the banner says so, and the page's timer asks again."""
-        from mars.loading import LoadError
+        from mars.models.loading import LoadError
 
         if self.holder.state == "loading":
             return LOADING, LOADING, gr.skip(), gr.update(active=True)
@@ -384,7 +384,7 @@ class MarsApp:
                         self._generate_tab()
                     with gr.Tab("Sweep τ"):
                         self._sweep_tab()
-                    with gr.Tab("Batch"):  # the paper's Figure 4, live (mars.app_tabs)
+                    with gr.Tab("Batch"):  # the paper's Figure 4, live (mars.app.tabs)
                         self.ui.batch = build_batch_tab(self._lm, self.holder.pass_slot, concurrency_limit=limit)
                     with gr.Tab("How it works"):
                         self._how_tab()
@@ -519,7 +519,7 @@ class MarsApp:
 
 def create_demo(lm_provider=None) -> gr.Blocks:
     """The app. lm_provider: a zero-argument callable returning a LoadedModel (default: env MARS_MODEL /
-    MARS_ADAPTER through mars.loading.load), called once and shared by every visitor: on first use, or at
+    MARS_ADAPTER through mars.models.loading.load), called once and shared by every visitor: on first use, or at
     start-up with `demo.mars_app.holder.start()` (what `launch` does)."""
     return MarsApp(lm_provider).build()
 

@@ -23,11 +23,11 @@ def _add_model_args(p: argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # choices come from the registries, so a new mode, backend or measure reaches the CLI by itself
-    from mars.acceptance import CONFIDENCE_MEASURES
-    from mars.backends import BACKENDS
-    from mars.bench import METHODS
-    from mars.decoding import DEFAULT_CACHE_BLOCK
-    from mars.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS
+    from mars.core.acceptance import CONFIDENCE_MEASURES
+    from mars.core.backends import BACKENDS
+    from mars.evaluation.bench import METHODS
+    from mars.core.decoding import DEFAULT_CACHE_BLOCK
+    from mars.core.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS
 
     ap = argparse.ArgumentParser(prog="python -m mars", description="MARS multi-token generation")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -154,9 +154,9 @@ def cmd_calibrate(args) -> int:
 
     import torch
 
-    from mars.data import read_jsonl, to_example
-    from mars.evaluate import draft_accuracy, fit_temperatures
-    from mars.loading import ADAPTER_WEIGHTS, MARS_META, load
+    from mars.training.data import read_jsonl, to_example
+    from mars.evaluation.evaluate import draft_accuracy, fit_temperatures
+    from mars.models.loading import ADAPTER_WEIGHTS, MARS_META, load
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -202,10 +202,10 @@ def cmd_eval(args) -> int:
 
     import torch
 
-    from mars.data import read_jsonl, to_example
-    from mars.decoding import encode_prompt
-    from mars.evaluate import decoding_eval, draft_accuracy
-    from mars.loading import load
+    from mars.training.data import read_jsonl, to_example
+    from mars.core.decoding import encode_prompt
+    from mars.evaluation.evaluate import decoding_eval, draft_accuracy
+    from mars.models.loading import load
 
     _prepare_out(args.out)
     if args.threads:
@@ -249,9 +249,9 @@ def cmd_bench(args) -> int:
     import torch
     from tqdm.auto import tqdm
 
-    from mars.bench import (BenchConfig, by_kind, compare_rows, format_by_kind, format_compare, format_table,
+    from mars.evaluation.bench import (BenchConfig, by_kind, compare_rows, format_by_kind, format_compare, format_table,
                             read_prompts, run_bench, spread_indices, to_json)
-    from mars.loading import load
+    from mars.models.loading import load
 
     _prepare_out(args.out)
     if args.threads:
@@ -279,7 +279,7 @@ def cmd_bench(args) -> int:
     if 1 in cfg.batch_sizes and any(kinds) and any(r.batch_size == 1 for r in runs):
         print(format_by_kind(by_kind(runs, kinds)))
     if args.out:
-        from mars.plots import bench_html, bench_png
+        from mars.evaluation.plots import bench_html, bench_png
 
         data = to_json(lm, cfg, runs, kinds)
         out = Path(args.out)
@@ -292,9 +292,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-    from mars.records import RunRecord
-    from mars.loading import load
+    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.core.records import RunRecord
+    from mars.models.loading import load
 
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
     for w in lm.warnings:
@@ -334,7 +334,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from mars.train import TrainConfig, train
+    from mars.training.train import TrainConfig, train
 
     cfg = TrainConfig(
         data=args.data, out=args.out, model=args.model, adapter=args.adapter, mask_token=args.mask_token,
@@ -355,7 +355,7 @@ def cmd_train(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from mars.loading import LoadError
+    from mars.models.loading import LoadError
 
     try:
         return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval,

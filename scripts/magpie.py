@@ -208,7 +208,7 @@ def main() -> int:
 
     import torch
 
-    from mars.loading import load
+    from mars.models.loading import load
 
     if args.threads:
         torch.set_num_threads(args.threads)

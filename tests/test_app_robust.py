@@ -24,9 +24,9 @@ import app as app_module
 from mars.app import serving
 from mars.app.serving import default_provider
 from mars.app.session import Session
-from mars.app_inputs import check_prompt, make_config, sanitize_text
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.loading import LoadError
+from mars.app.inputs import check_prompt, make_config, sanitize_text
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.models.loading import LoadError
 from tiny import make_loaded, save_tiny
 
 PROMPT = "what is the capital of france ?"
@@ -330,7 +330,7 @@ def test_hub_offline_is_honoured_without_a_network_call(monkeypatch):
 def test_no_remote_code_by_default():
     import inspect
 
-    from mars.loading import load
+    from mars.models.loading import load
 
     assert inspect.signature(load).parameters["trust_remote_code"].default is False
 
@@ -377,9 +377,9 @@ def test_one_visitors_tau_never_reaches_another_run(ui, lm):
     [t.start() for t in threads]
     [t.join(timeout=120) for t in threads]
     assert not errors
-    assert 0.05 in {r.tau for r in steered.mars.records}
+    assert 0.05 in {r.tau for r in steered.mars.core.records}
     for session, tau in list(zip(sessions, taus))[1:]:
-        assert {r.tau for r in session.mars.records} == {tau}
+        assert {r.tau for r in session.mars.core.records} == {tau}
         assert session.mars.token_ids == alone(lm, PROMPT, tau=tau, max_new=30).token_ids
 
 

@@ -9,7 +9,7 @@ import threading
 import gradio as gr
 import pytest
 
-from mars import app_tabs
+from mars.app import tabs
 
 PROMPTS = "what is the capital of france ?\n\ntell me a word\nadd 2 + 3 = ?"
 

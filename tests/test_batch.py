@@ -7,12 +7,12 @@ from html.parser import HTMLParser
 
 import pytest
 
-from mars import batch_viz
-from mars.batch_view import (
+from mars.app import batch_viz
+from mars.app.batch import (
     MAX_BATCH, BatchRow, BatchState, measure_comparison, parse_batch_prompts, run_batch,
 )
-from mars.decoding import DecodeConfig, DecodeControl, encode_prompt, generate_ids
-from mars.records import PassRecord, RunRecord
+from mars.core.decoding import DecodeConfig, DecodeControl, encode_prompt, generate_ids
+from mars.core.records import PassRecord, RunRecord
 
 PROMPTS = [
     "what is the capital of france ?",

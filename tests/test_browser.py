@@ -55,11 +55,11 @@ def slowed(lm, delay: float = 0.05):
     Works whichever backend runs the model (the fast path bypasses `model.forward`), and touches no
     other model: the wrapper only acts on models registered here.
     """
-    import mars.cache  # the decoder's cache state makes each run's backend
+    import mars.core.cache  # the decoder's cache state makes each run's backend
 
-    if not getattr(mars.cache.make_backend, "_slowable", False):
-        mars.cache.make_backend = _slow_make_backend(mars.cache.make_backend)
-        mars.cache.make_backend._slowable = True
+    if not getattr(mars.core.cache.make_backend, "_slowable", False):
+        mars.core.cache.make_backend = _slow_make_backend(mars.core.cache.make_backend)
+        mars.core.cache.make_backend._slowable = True
     _SLOWED[id(lm.model)] = delay
     return lm
 

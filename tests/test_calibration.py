@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import tiny
-from mars.acceptance import calibrate_logits, choose_and_score
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.modes import MarsMode, VerifiedMode, make_mode
+from mars.core.acceptance import calibrate_logits, choose_and_score
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.core.modes import MarsMode, VerifiedMode, make_mode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -93,7 +93,7 @@ def test_decoding_with_a_calibrated_model(backend):
 
 def _nll(lm, examples, B, o, T):
     """Independent: mean NLL of mask slot o's target over the drafts draft_accuracy counts."""
-    from mars.objective import build_batch, forward_batch
+    from mars.training.objective import build_batch, forward_batch
 
     tot, n = 0.0, 0
     for ex in examples:
@@ -114,8 +114,8 @@ def _nll(lm, examples, B, o, T):
 
 
 def test_fit_temperatures_minimises_the_nll_per_mask_index(tiny_lm):
-    from mars.evaluate import draft_accuracy, fit_temperatures
-    from mars.objective import Example
+    from mars.evaluation.evaluate import draft_accuracy, fit_temperatures
+    from mars.training.objective import Example
 
     g = torch.Generator().manual_seed(0)
     V = len(tiny_lm.tokenizer)
@@ -138,7 +138,7 @@ def test_fit_temperatures_minimises_the_nll_per_mask_index(tiny_lm):
 
 
 def test_calibrate_cli_writes_a_calibrated_copy_that_loads(tiny_dir, tmp_path):
-    from mars.loading import load
+    from mars.models.loading import load
     from test_cli_train import _data, run_cli, train_args
 
     data = _data(tmp_path / "d.jsonl")
@@ -190,8 +190,8 @@ class HalfRight(torch.nn.Module):
 def test_fit_temperatures_finds_the_analytic_optimum():
     import math
 
-    from mars.evaluate import draft_accuracy, fit_temperatures
-    from mars.objective import Example
+    from mars.evaluation.evaluate import draft_accuracy, fit_temperatures
+    from mars.training.objective import Example
 
     V, mask = 64, 3
     prompt, resp = [5, 6, 7, 8], list(range(20, 51)) + [2]  # 8 response blocks: 4 right, 4 wrong per slot

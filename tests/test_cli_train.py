@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.loading import load
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.models.loading import load
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -136,7 +136,7 @@ def test_train_resume_and_load_back(tiny_dir, tmp_path):
 
 
 def test_history_chains_pieces():
-    from mars.train import with_history
+    from mars.training.train import with_history
 
     def m(steps, secs, procs=1, **extra):
         return {"steps": steps, "sequences": 8 * steps, "train_seconds": secs, "processes": procs,
@@ -222,7 +222,7 @@ def test_train_with_shifted_grids_two_noisy_copies_and_sequence_weighting(tiny_d
 
 
 def test_snapshot_choice_rule():
-    from mars.train import better_snapshot
+    from mars.training.train import better_snapshot
 
     def row(count, right):
         return {"count": count, "right": right, "precision": right / count if count else None}
@@ -259,7 +259,7 @@ def test_train_selects_a_snapshot_by_teacher_forced_precision(tiny_dir, tmp_path
     assert not all(torch.allclose(wb[k], w3[k], atol=1e-6) for k in w3)
     assert load(str(tiny_dir), adapter=str(tmp_path / "s" / "best")).adapter
     # the default rule (0.9 / 0.9): the log's choices replay the rule, and best/ exists iff one qualified
-    from mars.train import better_snapshot
+    from mars.training.train import better_snapshot
 
     strict = run_cli(*train_args(tiny_dir, data, tmp_path / "t", 2, *sel))
     assert strict.returncode == 0, strict.stderr

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from mars.acceptance import accept_lengths, choose_and_score
-from mars.decoding import DecodeConfig, DecodeControl, decode_steps, encode_prompt, generate_ids, stream
+from mars.core.acceptance import accept_lengths, choose_and_score
+from mars.core.decoding import DecodeConfig, DecodeControl, decode_steps, encode_prompt, generate_ids, stream
 
 PROMPTS = [
     "what is the capital of france ?",
@@ -241,8 +241,8 @@ def test_batch_stays_exact_when_rows_run_ahead_by_verified_extras(tiny_lm, monke
     commit must still leave every row a token to feed (a bench at batch 4 once cut rows short this way).
     An oracle Jacobi guesses 0-3 of the true next tokens per pass, varying by row and step, so rows run
     ahead of each other in every pattern; the output must stay AR greedy."""
-    import mars.decoding as decoding
-    from mars.modes import JacobiMode
+    import mars.core.decoding as decoding
+    from mars.core.modes import JacobiMode
 
     ids = encode_all(tiny_lm)
     ar = [generate_ids(tiny_lm, [p], DecodeConfig(mode="ar", max_new_tokens=40))[0].token_ids for p in ids]
@@ -299,7 +299,7 @@ def test_default_model_verified_equals_ar(default_lm):
 
 
 def test_run_record_filled_while_streaming_equals_the_finished_run(tiny_lm):
-    from mars.records import RunRecord, RunTotals
+    from mars.core.records import RunRecord, RunTotals
 
     ids = encode_all(tiny_lm)
     cfg = DecodeConfig(tau=0.5, block_size=4, max_new_tokens=20, cache_block=8)
@@ -329,7 +329,7 @@ def test_run_record_filled_while_streaming_equals_the_finished_run(tiny_lm):
 
 
 def test_config_is_checked_and_normalised_once_with_one_message_per_setting():
-    from mars.decoding import MAX_BLOCK_SIZE, check_tau, context_needed
+    from mars.core.decoding import MAX_BLOCK_SIZE, check_tau, context_needed
 
     cfg = DecodeConfig(block_size=4.0, tau=1, max_new_tokens=16.0, stop_strings="###")  # as sliders send them
     assert (cfg.block_size, cfg.tau, cfg.max_new_tokens, cfg.stop_strings) == (4, 1.0, 16, ("###",))
@@ -355,17 +355,17 @@ def test_config_is_checked_and_normalised_once_with_one_message_per_setting():
 def test_default_block_size_comes_from_the_model(tiny_lm):
     from dataclasses import replace
 
-    from mars.decoding import DEFAULT_BLOCK_SIZE
+    from mars.core.decoding import DEFAULT_BLOCK_SIZE
 
     assert replace(tiny_lm, trained_block_size=None).default_block_size == DEFAULT_BLOCK_SIZE
     assert replace(tiny_lm, trained_block_size=8).default_block_size == 8
 
 
 def test_cli_choices_come_from_the_registries():
-    from mars.acceptance import CONFIDENCE_MEASURES
-    from mars.backends import BACKENDS
+    from mars.core.acceptance import CONFIDENCE_MEASURES
+    from mars.core.backends import BACKENDS
     from mars.cli import build_parser
-    from mars.modes import MODES
+    from mars.core.modes import MODES
 
     gen = build_parser()._subparsers._group_actions[0].choices["generate"]
     choices = {a.dest: a.choices for a in gen._actions if a.choices}
@@ -385,7 +385,7 @@ REPEAT_PROMPTS = [
 
 
 def test_lookup_drafts_copy_the_latest_longest_match():
-    from mars.lookup import lookup_drafts
+    from mars.core.lookup import lookup_drafts
 
     toks = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
     look = lookup_drafts(toks, max_ngram=3)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars.bench import BenchConfig, format_table, read_prompts, run_bench
-from mars.evaluate import draft_accuracy
-from mars.objective import Example
-from mars.quality import prefix_match
+from mars.evaluation.bench import BenchConfig, format_table, read_prompts, run_bench
+from mars.evaluation.evaluate import draft_accuracy
+from mars.training.objective import Example
+from mars.evaluation.quality import prefix_match
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -102,7 +102,7 @@ def test_bench_interrupted_keeps_whole_batches(tiny_lm):
 
 
 def test_compare_rows_counts_wins_per_kind():
-    from mars.bench import Run, compare_rows, format_compare
+    from mars.evaluation.bench import Run, compare_rows, format_compare
 
     def run(method, tau, tpf):  # one token per forward scaled: rows of 12 tokens
         outs = [[0] * 12 for _ in tpf]
@@ -119,7 +119,7 @@ def test_compare_rows_counts_wins_per_kind():
 
 
 def test_by_kind_reports_each_kind_against_ar():
-    from mars.bench import Run, by_kind, format_by_kind
+    from mars.evaluation.bench import Run, by_kind, format_by_kind
 
     def run(method, tau, forwards, seconds):  # 4 prompts of 12 tokens each, at batch 1
         return Run(method, tau, 1, 4, 48, sum(forwards), 1.0, sum(seconds), 1.0, outputs=[[0] * 12] * 4,
@@ -136,7 +136,7 @@ def test_by_kind_reports_each_kind_against_ar():
 
 
 def test_spread_indices():
-    from mars.bench import spread_indices
+    from mars.evaluation.bench import spread_indices
 
     assert spread_indices(150, 10) == list(range(0, 150, 15))  # one per kind of a 10-kind file
     assert spread_indices(3, 5) == [0, 1, 2] and spread_indices(4, None) == [0, 1, 2, 3]
@@ -179,7 +179,7 @@ def test_out_that_cannot_be_written_fails_before_the_run(tmp_path):
 
 
 def test_report_plots_are_written(tmp_path):
-    from mars.plots import bench_png, calibration_png, curve_png, loss_png, pareto_png
+    from mars.evaluation.plots import bench_png, calibration_png, curve_png, loss_png, pareto_png
 
     data = {"model": "m", "adapter": None, "runs": [
         {"method": "mars", "tau": t, "batch_size": bs, "tokens_per_forward": 1 + (1 - t), "speedup_vs_ar": 1 + (1 - t) / 2}
@@ -209,8 +209,8 @@ def test_report_plots_are_written(tmp_path):
 
 
 def test_decoding_eval_rows_and_drift_control(tiny_lm):
-    from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-    from mars.evaluate import decoding_eval
+    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.evaluation.evaluate import decoding_eval
 
     import tiny
 

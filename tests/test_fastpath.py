@@ -1,4 +1,4 @@
-"""The fast path (mars/fastpath.py) against transformers' own forward, and the decoder on both backends."""
+"""The fast path (mars/core/fastpath.py) against transformers' own forward, and the decoder on both backends."""
 
 from types import SimpleNamespace
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import tiny
-from mars.backends import FastBackend, HFBackend, resolve_backend
-from mars import fastpath
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.fastpath import KVCache, fast_model, unsupported_reason
+from mars.core.backends import FastBackend, HFBackend, resolve_backend
+from mars.core import fastpath
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.core.fastpath import KVCache, fast_model, unsupported_reason
 
 PROMPTS = ["what is the capital of france ?", "tell me a word", "write a long sentence about the water and the earth"]
 DEFAULT_PROMPTS = ["What is the capital of France?", "List three fruits.", "Explain why the sky is blue."]

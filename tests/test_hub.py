@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import tiny
-from mars import hub
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.loading import LoadError, load
+from mars.models import hub
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.models.loading import LoadError, load
 
 BLK4 = "Xalphinions/MARS-Qwen2.5-0.5B-blk4"
 

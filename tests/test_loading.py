@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tiny
-from mars.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.loading import DEFAULT_MASK_TOKEN, LoadError, load, locate_default_gguf
+from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.models.loading import DEFAULT_MASK_TOKEN, LoadError, load, locate_default_gguf
 
 
 def test_default_gguf_is_found_without_importing_the_package():
@@ -117,7 +117,7 @@ def test_adapter_for_another_base_model_is_an_adapter_error(tiny_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from mars.loading import AdapterError
+    from mars.models.loading import AdapterError
 
     other = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))

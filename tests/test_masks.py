@@ -4,8 +4,8 @@ the cache state's commit rule on a stub backend."""
 import torch
 
 import tiny
-from mars.cache import BlockCache
-from mars.masks import additive_mask, pass_mask, window_mask
+from mars.core.cache import BlockCache
+from mars.core.masks import additive_mask, pass_mask, window_mask
 
 
 def rows(*lines: str) -> torch.Tensor:

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mars.decoding import DecodeConfig, decode_steps
-from mars.masks import mars_attention_mask
-from mars.objective import Example, build_batch, forward_batch, mars_loss
+from mars.core.decoding import DecodeConfig, decode_steps
+from mars.core.masks import mars_attention_mask
+from mars.training.objective import Example, build_batch, forward_batch, mars_loss
 
 # L=8, B=4: columns c0..c7 (clean) then n0..n7 (noisy); rows are queries in the same order.
 HAND = """
@@ -134,7 +134,7 @@ def test_training_and_inference_alignment_tiny(tiny_lm):
 
 def test_training_and_inference_alignment_default_model(default_lm):
     tok = default_lm.tokenizer
-    from mars.decoding import encode_prompt
+    from mars.core.decoding import encode_prompt
 
     prompt = encode_prompt(tok, "Name three rivers in Europe.")
     resp = tok(" The Danube, the Rhine and the Seine are three long rivers in Europe.", add_special_tokens=False)["input_ids"]
@@ -163,7 +163,7 @@ def test_loss_falls_when_overfitting_a_few_examples(tiny_lm):
 
 
 def test_distill_loss_is_zero_for_the_same_distribution_and_ignores_unscored_positions():
-    from mars.objective import distill_loss
+    from mars.training.objective import distill_loss
 
     g = torch.Generator().manual_seed(0)
     t = torch.randn(2, 5, 11, generator=g)
@@ -180,7 +180,7 @@ def test_distill_loss_is_zero_for_the_same_distribution_and_ignores_unscored_pos
 
 
 def test_clean_forward_equals_the_clean_half_of_the_two_copy_pass(tiny_lm):
-    from mars.objective import build_batch, clean_forward, forward_batch
+    from mars.training.objective import build_batch, clean_forward, forward_batch
 
     ex = [Example([1, 5, 6, 7, 8], [9, 10, 11, 2]), Example([1, 5, 6], [12, 13, 2])]
     batch = build_batch(ex, 4, tiny_lm.mask_token_id, 2)
@@ -271,7 +271,7 @@ b4 11100 00000 00011
 
 
 def test_two_noisy_copies_mask_equals_hand_written_matrix():
-    from mars.masks import multi_copy_mask
+    from mars.core.masks import multi_copy_mask
 
     # L=5, B=2: copy a on the grid {0,1}{2,3}{4}, copy b shifted by 1: {0}{1,2}{3,4}
     rows = ["".join(line.split()[1:]) for line in HAND_TWO_COPIES.strip().splitlines()]
@@ -294,13 +294,13 @@ def test_batch_layout_with_two_shifted_copies():
     assert batch.position_ids[0, Lc:].tolist() == list(range(8)) + list(range(7))
     assert batch.clean_labels[0].tolist() == [-100, -100, 21, 22, 23, 2, 2, -100]
     assert batch.noisy_labels[0].tolist() == [-100, -100, 21, 22, 23, 2, 2, -100] + [-100, -100, 21, 22, 23, 2, -100]
-    from mars.masks import multi_copy_mask
+    from mars.core.masks import multi_copy_mask
 
     assert torch.equal(batch.attention_mask[0, 0], multi_copy_mask(8, 2, [(0, 8, 0), (0, 7, 1)]))
 
 
 def test_draw_offsets():
-    from mars.objective import draw_offsets
+    from mars.training.objective import draw_offsets
 
     seen = set()
     for i in range(40):
@@ -316,7 +316,7 @@ def test_draw_offsets():
 
 
 def test_each_noisy_copy_is_its_own_single_copy_forward_and_aligns_with_decoding(tiny_lm):
-    from mars.objective import noisy_start
+    from mars.training.objective import noisy_start
 
     lm = tiny_lm
     ex = _example(lm, 5, 15)  # L = 20, finished

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mars.quality import mean_nll, prefix_agreement
+from mars.evaluation.quality import mean_nll, prefix_agreement
 from tiny import make_loaded
 
 

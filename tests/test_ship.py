@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mars.train import with_history
+from mars.training.train import with_history
 
 ROOT = Path(__file__).resolve().parent.parent
 

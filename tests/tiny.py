@@ -83,7 +83,7 @@ def make_model(tok, arch: str = "llama", seed: int = 0, dtype=torch.float64, lay
 
 def make_loaded(arch: str = "llama", seed: int = 0, dtype=torch.float64, mask: bool = True):
     """A LoadedModel around a fresh tiny model (no disk)."""
-    from mars.loading import LoadedModel
+    from mars.models.loading import LoadedModel
 
     tok = make_tokenizer(mask)
     model = make_model(tok, arch, seed, dtype)

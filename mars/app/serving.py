@@ -21,8 +21,8 @@ from typing import Callable, Iterator
 
 import torch
 
-from mars.app_inputs import sanitize_text
-from mars.decoding import DecodeConfig, DecodeControl, PassRecord, stream
+from mars.app.inputs import sanitize_text
+from mars.core.decoding import DecodeConfig, DecodeControl, PassRecord, stream
 
 LOG = logging.getLogger("mars.app")
 
@@ -48,7 +48,7 @@ def default_provider() -> Callable[[], object]:
     """
 
     def provide():
-        from mars.loading import AdapterError, load
+        from mars.models.loading import AdapterError, load
 
         model, adapter = os.environ.get("MARS_MODEL") or None, os.environ.get("MARS_ADAPTER") or "auto"
         try:
@@ -107,7 +107,7 @@ class ModelHolder:
 
     def get(self):
         """The model, loading it first if need be (waits for a load already running)."""
-        from mars.loading import LoadError
+        from mars.models.loading import LoadError
 
         if self._lm is None:
             with self._load_lock:
@@ -165,14 +165,14 @@ class ModelHolder:
 
 
 def hub_reachable() -> bool:
-    from mars.loading import hub_offline
+    from mars.models.loading import hub_offline
 
     return not hub_offline()
 
 
 def load_other(model: str, adapter: str | None, load_fn=None, reachable=hub_reachable):
     """(LoadedModel or None, message). Never raises: on failure the current model keeps serving."""
-    from mars.loading import LoadError, load
+    from mars.models.loading import LoadError, load
 
     load_fn = load_fn or load
     model = sanitize_text(model).strip() if isinstance(model, str) else ""

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from mars.app_inputs import check_tau
-from mars.decoding import DecodeConfig, DecodeControl, PassRecord
+from mars.app.inputs import check_tau
+from mars.core.decoding import DecodeConfig, DecodeControl, PassRecord
 
 
 @dataclass

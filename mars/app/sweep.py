@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from mars.app_inputs import check_tau
-from mars.decoding import DecodeConfig, DecodeControl
+from mars.app.inputs import check_tau
+from mars.core.decoding import DecodeConfig, DecodeControl
 
 
 def parse_taus(text: str) -> list[float]:
@@ -24,7 +24,7 @@ def sweep(holder, lm, prompt_ids: list[int], base: DecodeConfig, taus: list[floa
     """Run the prompt once per tau; yield the growing table of {tau, passes, tokens, tokens_per_pass,
     seconds, agreement, nll}. Quality is measured against AR's output (`reference`, else an AR run first):
     exact-prefix agreement, and the AR model's mean NLL of each text."""
-    from mars.quality import mean_nll, prefix_agreement
+    from mars.evaluation.quality import mean_nll, prefix_agreement
 
     def run(cfg):
         recs = list(holder.passes(lm, prompt_ids, cfg, control))

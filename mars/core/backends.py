@@ -8,7 +8,7 @@
 `forward` feeds a window of W columns per row after the cached ones; `allowed` (b, W, length + W) says
 which keys each window input may attend to. Backends:
   hf        transformers' own forward and DynamicCache: the reference path
-  fast      mars.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
+  fast      mars.core.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
   fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
   auto      fast where the model is supported and on the CPU, else hf
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from mars.masks import additive_mask
+from mars.core.masks import additive_mask
 
 BACKENDS = ("auto", "fast", "hf", "fast-bf16")
 
@@ -59,7 +59,7 @@ class HFBackend:
 class FastBackend:
     def __init__(self, model, batch: int, capacity: int, weight_dtype: torch.dtype | None = None,
                  layout: str = "auto"):
-        from mars.fastpath import fast_model
+        from mars.core.fastpath import fast_model
 
         self.lm = fast_model(model, weight_dtype, layout)
         self.cache = self.lm.new_cache(batch, capacity)
@@ -82,7 +82,7 @@ class FastBackend:
 
 def resolve_backend(model, name: str) -> str:
     """'auto' -> 'fast' or 'hf'; 'fast' on a model the fast path cannot run is an error that says why."""
-    from mars.fastpath import unsupported_reason
+    from mars.core.fastpath import unsupported_reason
 
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mars.objective import Example, build_batch, forward_batch
+from mars.training.objective import Example, build_batch, forward_batch
 
 
 @dataclass
@@ -34,7 +34,7 @@ def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10,
     """Teacher-forced: noisy blocks over each example's response; targets are the response tokens.
 
     `temperatures`: per mask index (1..B-1) temperatures applied to the drafts' logits before their
-    confidence is measured (the calibration `mars.acceptance.calibrate_logits` applies at decoding).
+    confidence is measured (the calibration `mars.core.acceptance.calibrate_logits` applies at decoding).
     """
     B = block_size
     hits: Counter = Counter()
@@ -167,9 +167,9 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
     With a separate `bare` model, also the drift control: each tau's agreement with the bare model's own
     greedy text (at tau 1.0 that is how far the adapter moved the model's AR behaviour).
     """
-    from mars.decoding import DecodeConfig, generate_ids
-    from mars.quality import mean_nll, prefix_match
-    from mars.records import RunTotals
+    from mars.core.decoding import DecodeConfig, generate_ids
+    from mars.evaluation.quality import mean_nll, prefix_match
+    from mars.core.records import RunTotals
 
     def generate(model, ids, cfg):
         out = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mars.objective import Example
+from mars.training.objective import Example
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -35,7 +35,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from mars.masks import additive_mask
+from mars.core.masks import additive_mask
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 LAYOUTS = ("auto", "packed", "linear")

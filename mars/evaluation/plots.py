@@ -1,6 +1,6 @@
 """Static plots for reports (PNG via matplotlib, interactive HTML via plotly): pure data in, file out.
 
-The app draws its own live charts in `mars.viz`; these are for README, model cards and closing notes.
+The app draws its own live charts in `mars.app.viz`; these are for README, model cards and closing notes.
 """
 
 from __future__ import annotations

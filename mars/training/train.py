@@ -7,7 +7,7 @@
 Checkpoints (`<out>/checkpoint/`: model, optimizer, scheduler and RNG state via accelerate, plus
 trainer_state.json) are written every `save_every` optimizer steps and at the end; rerunning the same
 command resumes from there, skipping the batches already seen. The final adapter (peft safetensors,
-with mars.json: block size, mask token, base model, recipe) is what `mars.loading.load(adapter=...)`
+with mars.json: block size, mask token, base model, recipe) is what `mars.models.loading.load(adapter=...)`
 takes back; full fine-tuning writes a whole model folder for `--model`.
 """
 
@@ -24,7 +24,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class TrainConfig:
-    data: str  # chat-format JSONL (see mars.data)
+    data: str  # chat-format JSONL (see mars.training.data)
     out: str  # output folder: adapter or model, log.jsonl, checkpoint/
     model: str | None = None  # None = the embedded default (SmolLM2-135M-Instruct)
     adapter: str | None = None  # continue training from this adapter (LoRA only)
@@ -113,9 +113,9 @@ def train(cfg: TrainConfig) -> dict:
     from accelerate.utils import DataLoaderConfiguration, set_seed
     from tqdm.auto import tqdm
 
-    from mars.data import load_examples
-    from mars.loading import load
-    from mars.objective import build_batch, clean_forward, distill_loss, draw_offsets, forward_batch, mars_loss
+    from mars.training.data import load_examples
+    from mars.models.loading import load
+    from mars.training.objective import build_batch, clean_forward, distill_loss, draw_offsets, forward_batch, mars_loss
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -194,7 +194,7 @@ def train(cfg: TrainConfig) -> dict:
 
     select_examples = None
     if cfg.select_data:
-        from mars.data import read_jsonl, to_example
+        from mars.training.data import read_jsonl, to_example
 
         select_examples = [to_example(r, tok, eos_id) for r in read_jsonl(cfg.select_data)[: cfg.select_limit]]
 
@@ -202,7 +202,7 @@ def train(cfg: TrainConfig) -> dict:
         """Teacher-forced drafts of the current weights on the held-out set; the best so far goes to <out>/best."""
         from types import SimpleNamespace
 
-        from mars.evaluate import draft_accuracy
+        from mars.evaluation.evaluate import draft_accuracy
 
         nonlocal t_start
         t0 = time.time()
@@ -294,7 +294,7 @@ def train(cfg: TrainConfig) -> dict:
 
 
 def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path, selected: dict | None = None):
-    from mars.loading import MARS_META
+    from mars.models.loading import MARS_META
 
     meta = {
         "base_model": lm.name,
@@ -324,7 +324,7 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path, select
 
 
 def _read_meta(folder: Path) -> dict | None:
-    from mars.loading import MARS_META
+    from mars.models.loading import MARS_META
 
     try:
         return json.loads((folder / MARS_META).read_text())

@@ -3,7 +3,7 @@ when the Hugging Face Hub cannot be reached.
 
 Source of the registry: the authors' repository `Xalp/MARS`, README.md, section "Pretrained Models"
 (its `scripts/upload_models.sh` names the same models). They are full fine-tunes of Qwen2.5-Instruct whose
-config says `model_type: "a2d-qwen2"` and whose tokenizer carries `<|mask|>`; `mars.loading` loads them as
+config says `model_type: "a2d-qwen2"` and whose tokenizer carries `<|mask|>`; `mars.models.loading` loads them as
 plain causal Qwen2, so they need no remote code and no adapter.
 
 Left out on purpose: `Xalphinions/MARS-Qwen2.5-0.5B-BD3LM-blk4`, the block-diffusion baseline. It attends
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-DEFAULT_CHOICE = "smollm2"  # mars.loading.DEFAULT_MODEL: the embedded default with the project's adapter
+DEFAULT_CHOICE = "smollm2"  # mars.models.loading.DEFAULT_MODEL: the embedded default with the project's adapter
 SOURCE = "github.com/Xalp/MARS, README.md, 'Pretrained Models'"
 CPU_SPACE_GB = 12.0  # float32 weights above this do not fit a free CPU Space's memory next to the app
 
@@ -89,7 +89,7 @@ def in_local_cache(hub_id: str) -> bool:
 
 
 def _hub_reachable() -> bool:
-    from mars.loading import hub_offline
+    from mars.models.loading import hub_offline
 
     return not hub_offline()
 
@@ -115,7 +115,7 @@ def load_checkpoint(
     at once, before any slow attempt. The registry fills in the trained block size the checkpoints do not
     record themselves.
     """
-    from mars.loading import LoadError, load
+    from mars.models.loading import LoadError, load
 
     load_fn = load_fn or load
     reachable = reachable or _hub_reachable

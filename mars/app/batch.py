@@ -1,6 +1,6 @@
 """The paper's Figure 4, live: up to 8 prompts decoded as ONE batch on the block-level KV cache.
 
-Plain Python over the decoder core (`mars.decoding.decode_steps`), testable without Gradio:
+Plain Python over the decoder core (`mars.core.decoding.decode_steps`), testable without Gradio:
 - `parse_batch_prompts`: the textbox (one prompt per line) into 1..MAX_BATCH checked prompts;
 - `run_batch`: the batch's state after every pass (each row's `RunRecord`, filled as the passes arrive,
   and its idle passes), on one shared time axis;
@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
-from mars.decoding import DecodeConfig, DecodeControl, decode_steps
-from mars.records import PassRecord, RunRecord, RunTotals
+from mars.core.decoding import DecodeConfig, DecodeControl, decode_steps
+from mars.core.records import PassRecord, RunRecord, RunTotals
 
 MAX_BATCH = 8  # rows shown at once; the paper's Figure 4 uses 4
 
@@ -28,7 +28,7 @@ MAX_BATCH = 8  # rows shown at once; the paper's Figure 4 uses 4
 def parse_batch_prompts(text, check: Callable[[str], str] | None = None) -> list[str]:
     """One prompt per non-blank line, 1..MAX_BATCH of them; ValueError with a message a visitor can act on.
 
-    check: the app's single-prompt check (mars.app_inputs.check_prompt: sanitizing, length cap), applied
+    check: the app's single-prompt check (mars.app.inputs.check_prompt: sanitizing, length cap), applied
     to every line so a batch prompt obeys the same rules as the main one.
     """
     if text is None:

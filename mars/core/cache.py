@@ -1,7 +1,7 @@
 """The decoder's KV cache state: which columns are committed, which of them are keys, where the current
-cache block ends; over a backend's storage (mars/backends.py), which it alone drives.
+cache block ends; over a backend's storage (mars/core/backends.py), which it alone drives.
 
-Layout (mars/decoding.py): prompts are left-padded to a common length P, so row r's i-th token sits in
+Layout (mars/core/decoding.py): prompts are left-padded to a common length P, so row r's i-th token sits in
 column pad_r + i for every row. Columns [0, length) are committed: their KV was computed from real inputs
 and is kept. A pass writes its window after them; `commit` then keeps what every row computed from real
 inputs and the backend drops the rest (masks, rejected drafts) by position, as gpt-fast's cache does.
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from mars.backends import make_backend
-from mars.masks import pass_mask
+from mars.core.backends import make_backend
+from mars.core.masks import pass_mask
 
 
 class BlockCache:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
-from mars.decoding import DecodeConfig, encode_prompt
+from mars.core.acceptance import CONFIDENCE_MEASURES, is_finite_number
+from mars.core.decoding import DecodeConfig, encode_prompt
 
 MAX_BLOCK = 16
 TOP_K = 5  # candidates kept per proposal, for the pass inspector

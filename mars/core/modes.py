@@ -14,7 +14,7 @@ token after input i); `groups[g]` the logits of group g's masks.
            text is exactly AR greedy. Groups of masks propose the next drafts; group j sees the first j
            drafts, so whichever prefix is accepted, some group's proposals stay valid (the paper's Sec. 4.6).
            tau only filters which drafts are worth sending. Drafts may instead come from n-gram lookup in
-           the prompt and the text so far (mars.lookup), or from whichever of the two sources the rule
+           the prompt and the text so far (mars.core.lookup), or from whichever of the two sources the rule
            `prefer_lookup` expects to get more drafts accepted; the AR check keeps the text exact either way.
   jacobi   fixed-point iteration on guesses fed as real tokens (no masks): a peer that needs no training
 """
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.acceptance import accept_lengths, calibrate_logits, choose_and_score
-from mars.lookup import Lookup, lookup_drafts
+from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score
+from mars.core.lookup import Lookup, lookup_drafts
 
 DRAFT_SOURCES = ("mars", "lookup", "both")  # verified mode: where the drafts of a pass come from
 
@@ -136,7 +136,7 @@ def prefer_lookup(look: Lookup, mars_conf: list[float]) -> bool:
     Mask drafts: expected accepted = sum over k of conf_1 * ... * conf_k, the chance that the first k all
     match (drafts are accepted left to right). Measured against the AR text (scripts/measure_drafts.py,
     1002 passes) this is calibrated: in bins of 0.25 the mean accepted count is within ~0.1 of it.
-    Copied drafts: the measured mean accepted count at their match length (mars.lookup.EXPECTED_ACCEPTED).
+    Copied drafts: the measured mean accepted count at their match length (mars.core.lookup.EXPECTED_ACCEPTED).
     Ties go to the mask drafts, which are the narrower input. (The confidences are read as probabilities;
     with confidence "entropy" or "margin" the rule leans towards lookup.)
     Counterfactually on those passes (each pass scored with either source's drafts, 2n copies): this rule

@@ -1,6 +1,6 @@
 """What the Batch tab draws: one row of coloured pass groups per prompt, the shared time axis, the comparison.
 
-Pure functions from a `mars.batch_view.BatchState` / `BatchComparison` to HTML strings and `go.Figure`s.
+Pure functions from a `mars.app.batch.BatchState` / `BatchComparison` to HTML strings and `go.Figure`s.
 Each row's groups are drawn by `viz.render_group`, so they carry the main output's data attributes
 (data-pass, data-size, data-conf, data-tau) and colours. All model and user text is escaped.
 """
@@ -11,7 +11,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from mars import viz
+from mars.app import viz
 
 IDLE_COLOR = "#bbbbbb"
 

@@ -12,7 +12,7 @@ Methods, all on the same prompts and model:
          per pass
   verified_lookup the same lossless check on drafts copied by n-gram lookup (prompt lookup on this core)
   verified_both   drafts from the masks or from lookup, whichever is expected to be accepted more
-         (mars.modes.prefer_lookup); one mask group after the drafts, as verified_last
+         (mars.core.modes.prefer_lookup); one mask group after the drafts, as verified_last
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
 Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
 (`run_bench` returns them); the table and the JSON file are written by `main`.
@@ -27,8 +27,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mars.decoding import DEFAULT_CACHE_BLOCK
-from mars.records import RunTotals
+from mars.core.decoding import DEFAULT_CACHE_BLOCK
+from mars.core.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both", "jacobi")
 # the core's verified variants: method -> (verify_groups, drafts)
@@ -161,7 +161,7 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
 
 
 def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
-    from mars.decoding import DecodeConfig, generate_ids
+    from mars.core.decoding import DecodeConfig, generate_ids
 
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))
     cfg = DecodeConfig(mode="verified" if mode in VERIFIED else mode, tau=1.0 if tau is None else tau,
@@ -193,8 +193,8 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
     Methods are interleaved batch by batch (all methods on batch 1, then all on batch 2, ...), so a
     background load on the machine falls on all of them alike and the ratios stay fair.
     """
-    from mars.decoding import encode_prompt
-    from mars.quality import mean_nll, prefix_match
+    from mars.core.decoding import encode_prompt
+    from mars.evaluation.quality import mean_nll, prefix_match
 
     block = cfg.block_size or lm.default_block_size
     ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]

@@ -6,7 +6,7 @@ proposed tokens in that pass. Everything else (streaming to the app, whole runs 
 and the evaluation: `generate_ids`, `RunRecord`) is a thin wrapper over it.
 
 Layout. Prompts are left-padded to a common length P, so every row's tokens sit in shared columns:
-row r's i-th token is at column pad_r + i, its position id is i. The cache (mars/cache.py, `BlockCache`)
+row r's i-th token is at column pad_r + i, its position id is i. The cache (mars/core/cache.py, `BlockCache`)
 holds the committed columns [0, C) of all rows. Row r's frontier F_r is the column after its last
 accepted token; columns [C, F_r) are accepted but not committed (their KV was computed from mask inputs,
 or by a row that has run ahead of the others).
@@ -14,9 +14,9 @@ or by a row that has run ahead of the others).
 One pass, in `decode_steps`:
   1. propose : each row's window (`_window`): its uncommitted tokens [C, F_r), then what its mode plans
                (mars: B-1 masks; verified: the drafts as real tokens plus mask groups; jacobi: guesses;
-               ar: nothing), who sees whom given by mars.masks; one forward; the last real token's logits
+               ar: nothing), who sees whom given by mars.core.masks; one forward; the last real token's logits
                give the AR token, mask j's the token j+1 further on.
-  2. score   : the mode picks tokens and measures their confidence (mars.modes).
+  2. score   : the mode picks tokens and measures their confidence (mars.core.modes).
   3. accept  : mars: left to right while confidence >= tau (the first always); verified/jacobi: the
                prefix the AR logits confirm; then EOS, stop strings, limits (`_accept`).
   4. commit  : the cache keeps the KV of columns every row computed from real inputs (its fed tokens,
@@ -35,8 +35,8 @@ to extend the cache with it. Here a pass feeds a row's uncommitted tokens plus B
 whatever cache_block is), committed tokens are never fed again, and the cache grows after every pass, so
 there is no extra forward per block. Pass counts are therefore not comparable one to one.
 
-The model runs behind one forward function and one KV store (mars/backends.py): transformers' own
-forward (`backend="hf"`, the reference) or a lean forward with a preallocated cache (mars/fastpath.py).
+The model runs behind one forward function and one KV store (mars/core/backends.py): transformers' own
+forward (`backend="hf"`, the reference) or a lean forward with a preallocated cache (mars/core/fastpath.py).
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ from typing import Iterator
 
 import torch
 
-from mars.acceptance import CONFIDENCE_MEASURES, is_finite_number
-from mars.backends import BACKENDS
-from mars.cache import BlockCache
-from mars.masks import window_mask
-from mars.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
-from mars.records import PassRecord, RunRecord
+from mars.core.acceptance import CONFIDENCE_MEASURES, is_finite_number
+from mars.core.backends import BACKENDS
+from mars.core.cache import BlockCache
+from mars.core.masks import window_mask
+from mars.core.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
+from mars.core.records import PassRecord, RunRecord
 
 # The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
 # says so with its own named cap and these same checkers, not a second set of rules.
@@ -83,8 +83,8 @@ class DecodeConfig:
     seed: int | None = None
     top_k: int = 0  # keep the top-k candidates of every proposal in the records (the app's inspector)
     verify_groups: str = "all"  # verified mode: "all" = a mask group per acceptance outcome, "last" = one
-    drafts: str = "mars"  # verified mode: drafts from the masks, n-gram "lookup" in the text, or "both" (mars.modes)
-    # what runs the model (mars/backends.py): "auto" = "fast" (mars/fastpath.py: same logits to float
+    drafts: str = "mars"  # verified mode: drafts from the masks, n-gram "lookup" in the text, or "both" (mars.core.modes)
+    # what runs the model (mars/core/backends.py): "auto" = "fast" (mars/core/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
     backend: str = "auto"

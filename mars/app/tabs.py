@@ -6,7 +6,7 @@
 They take callables instead of reaching into the app: `get_lm()` returns the shared model (raising
 `gr.Error` when it cannot), `pass_lock` is held around every forward pass (the app's ModelHolder.pass_lock),
 `install(lm)` makes a loaded model the one everybody uses (e.g. ModelHolder.replace). The logic lives in
-`mars.batch_view` / `mars.hub`, the drawing in `mars.batch_viz`; this file only wires components.
+`mars.app.batch` / `mars.models.hub`, the drawing in `mars.app.batch_viz`; this file only wires components.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from typing import Callable
 
 import gradio as gr
 
-from mars import batch_viz, viz
-from mars.batch_view import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
-from mars.decoding import DecodeControl
-from mars.hub import DEFAULT_CHOICE, SOURCE, load_checkpoint, model_choices
+from mars.app import batch_viz, viz
+from mars.app.batch import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
+from mars.core.decoding import DecodeControl
+from mars.models.hub import DEFAULT_CHOICE, SOURCE, load_checkpoint, model_choices
 
 CHART_EVERY_S = 1.0  # the timeline is redrawn at most this often while a batch streams (rows: every pass)
 BATCH_CSS = batch_viz.BATCH_CSS + "#batch-output .mars-batch { max-height: 48em; overflow-y: auto; }\n"
@@ -84,7 +84,7 @@ def make_batch_runner(get_lm: Callable[[], object], pass_lock=None, check_prompt
                       make_config: Callable | None = None, encode: Callable | None = None):
     """The Batch tab's run handler: a generator of (rows, timeline, comparison, html file, json file)."""
     if check_prompt is None or make_config is None or encode is None:
-        from mars import app_inputs
+        from mars.app import inputs
 
         check_prompt = check_prompt or app_inputs.check_prompt
         make_config = make_config or app_inputs.make_config

@@ -8,7 +8,7 @@ Vocabulary, the same for the app, the CLI, the benchmark, the evaluation and the
   decode_seconds  wall time of the passes (a batch's pass time is shared by its rows)
   batch pass      one forward call, counted once however many rows it served (batch_passes, batch_seconds)
 The benchmark and evaluation JSON files keep their historical keys (`forwards`, `tokens_per_forward`): those
-files are read by mars.plots and the scripts, and stored results must stay readable.
+files are read by mars.evaluation.plots and the scripts, and stored results must stay readable.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
-    from mars.decoding import DecodeConfig
+    from mars.core.decoding import DecodeConfig
 
 
 @dataclass

@@ -1,0 +1,2 @@
+"""Making a MARS model: the [clean | noisy] batch layout and loss (`objective`), data (`data`), the trainer
+(`train`)."""
