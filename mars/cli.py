@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "fast-bf16 = bfloat16 matrices (faster, not exact)")
 
     t = sub.add_parser("train", help="fine-tune a model with the MARS objective")
-    t.add_argument("--data", required=True)
+    t.add_argument("--data", required=True, nargs="+", help="self-distilled JSONL (.gz) files, read as one set")
     t.add_argument("--out", required=True)
     t.add_argument("--model", default=None)
     t.add_argument("--adapter", default=None, help="continue from this LoRA adapter")
@@ -337,7 +337,7 @@ def cmd_train(args) -> int:
     from mars.training.train import TrainConfig, train
 
     cfg = TrainConfig(
-        data=args.data, out=args.out, model=args.model, adapter=args.adapter, mask_token=args.mask_token,
+        data=args.data[0] if len(args.data) == 1 else args.data, out=args.out, model=args.model, adapter=args.adapter, mask_token=args.mask_token,
         block_size=args.block_size, method=args.method, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
         lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
         max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Equal-time recipe comparison for the shipped checkpoint (issue 3). Each recipe trains for the same
-# wall time with `python -m mars train --max-minutes`, then is scored the cheap way (teacher-forced draft
-# accuracy, one forward per held-out example) and by real decoding at tau 0.9 and 0.7 on 20 prompts.
+# Equal-time recipe comparison for the shipped checkpoint. Each recipe trains for the same wall time with
+# `python -m mars train --max-minutes`, then is scored the cheap way (teacher-forced draft accuracy, one
+# forward per held-out example) and by real decoding on 20 prompts (TAUS).
 # Resumable: a finished recipe (its eval JSON exists) is skipped; an interrupted one resumes training.
-#   MINUTES=20 THREADS=1 bash scripts/compare_recipes.sh
+#   MINUTES=20 THREADS=1 bash scripts/compare_recipes.sh                 # the first comparison (from scratch)
+#   SET=round2 MINUTES=40 THREADS=1 bash scripts/compare_recipes.sh      # the data arms, from the shipped adapter
+# round2: control (same data, fixed grid) against fresh model-written prompts, shifted grids and the
+# authors' per-sequence weighting, each continuing the shipped adapter with its own recipe (lr 5e-4, B=4,
+# last slot skipped). ONLY="a b" runs some arms (e.g. one per core, side by side).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${MINUTES:-20}
@@ -16,21 +20,34 @@ mkdir -p "$OUT"
 # length would keep the lr near zero for the whole run (a first attempt lost its comparison that way).
 common=(--data "$DATA" --max-minutes "$MINUTES" --epochs 50 --batch-size 2 --grad-accum 4 --max-length 256
         --save-every 10 --threads "$THREADS" --schedule constant --warmup-ratio 0)
-declare -A recipes=(
+TAUS=${TAUS:-0.9 0.7}
+SET=${SET:-first}
+declare -A recipes
+if [ "$SET" = round2 ]; then
+  TAUS=${TAUS_ROUND2:-0.95 0.9 0.8 0.7}
+  FRESH=${FRESH:-data/selfdistill/magpie.jsonl.gz}
+  shipped="--adapter assets/mars-adapter --block-size 4 --lr 5e-4 --skip-last-slot"
+  recipes=(
+    [control]="$shipped"
+    [fresh]="$shipped --data $DATA $FRESH"
+    [shift]="$shipped --shift-blocks"
+    [weighting]="$shipped --loss-weighting sequence"
+  )
+else recipes=(
   [lora_b4]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 4"
   [lora_b4_skiplast]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 4 --skip-last-slot"
   [lora_b3]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 3 --skip-last-slot"
   [lora_b4_lr5e4]="--method lora --lora-r 16 --lora-alpha 32 --lr 5e-4 --block-size 4 --skip-last-slot"
   [full_b4]="--method full --lr 3e-5 --block-size 4 --skip-last-slot"
-)
-for name in "${!recipes[@]}"; do
+); fi
+for name in ${ONLY:-${!recipes[@]}}; do
   dir="$OUT/$name"
   [ -f "$dir/eval.json" ] && { echo "skip $name (done)"; continue; }
   # shellcheck disable=SC2086
   python -m mars train "${common[@]}" ${recipes[$name]} --out "$dir" 2>>"$dir.log" | tail -1
   adapter="$dir"; model=()
   if [ -d "$dir/model" ]; then adapter=none; model=(--model "$dir/model"); fi
-  python -m mars eval "${model[@]}" --adapter "$adapter" --limit 20 --taus 0.9 0.7 --max-new-tokens 48 \
+  python -m mars eval "${model[@]}" --adapter "$adapter" --limit 20 --taus $TAUS --max-new-tokens 48 \
     --known-limit 20 --threads "$THREADS" --out "$dir/eval.json" 2>>"$dir.log" | tail -3
 done
 python - "$OUT" <<'EOF'

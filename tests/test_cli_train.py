@@ -269,3 +269,19 @@ def test_train_selects_a_snapshot_by_teacher_forced_precision(tiny_dir, tmp_path
         assert r["selected"] == better_snapshot(best, r, 0.9)
         best = r if r["selected"] else best
     assert (tmp_path / "t" / "best").is_dir() == (best is not None)
+
+
+def test_train_reads_several_data_files_as_one_set(tiny_dir, tmp_path):
+    """--data a b: one epoch covers both files (the fresh-prompt arm trains on template + model-written data)."""
+    one, two = _data(tmp_path / "a.jsonl"), _data(tmp_path / "b.jsonl")
+
+    def epoch(out, *files):
+        args = [a for a in train_args(tiny_dir, files[0], out, 1) if a not in ("--max-steps", "1")]
+        args[args.index("--data") + 1:args.index("--data") + 2] = [str(f) for f in files]
+        r = run_cli(*args, "--epochs", "1")
+        assert r.returncode == 0, r.stderr
+        return json.loads((out / "mars.json").read_text())
+
+    single, both = epoch(tmp_path / "one", one), epoch(tmp_path / "both", one, two)
+    assert single["sequences"] == 12 and both["sequences"] == 24  # 12 examples per file
+    assert both["data"] == [str(one), str(two)] and single["data"] == str(one)

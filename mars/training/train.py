@@ -24,7 +24,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class TrainConfig:
-    data: str  # chat-format JSONL (see mars.training.data)
+    data: str | list[str]  # chat-format JSONL (see mars.training.data); several files are read as one set
     out: str  # output folder: adapter or model, log.jsonl, checkpoint/
     model: str | None = None  # None = the embedded default (SmolLM2-135M-Instruct)
     adapter: str | None = None  # continue training from this adapter (LoRA only)
@@ -134,7 +134,8 @@ def train(cfg: TrainConfig) -> dict:
         raise ValueError("training MARS needs a mask token: pass --mask-token")
     tok, model = lm.tokenizer, lm.model
     eos_id = lm.eos_token_ids[0]
-    examples = load_examples(cfg.data, tok, eos_id, cfg.max_length)
+    paths = [cfg.data] if isinstance(cfg.data, str) else list(cfg.data)
+    examples = [ex for path in paths for ex in load_examples(path, tok, eos_id, cfg.max_length)]
 
     if cfg.method == "lora":
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -305,7 +306,7 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path, select
         "sequences": state["sequences"],
         "train_seconds": round(state["seconds"], 1),
         "processes": state.get("processes", 1),
-        "data": str(cfg.data),
+        "data": cfg.data if isinstance(cfg.data, str) else [str(p) for p in cfg.data],
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")},
     }
     if selected is not None:  # a snapshot kept by --select-data: why it was kept
