@@ -48,22 +48,23 @@ def median_ms(seconds: list[float]) -> float:
 
 
 class PassLog:
-    """Wraps the holder's `passes`: (worker thread, end time, mode) of every pass the server runs."""
+    """Wraps the holder's `passes`: (run, end time, mode, worker thread) of every pass the server runs. A run
+    is one visitor's generation (its DecodeControl); the thread is whichever of Gradio's workers ran the pass."""
 
     def __init__(self, holder):
-        self.events: list[tuple[int, float, str]] = []
+        self.events: list[tuple[int, float, str, int]] = []
         self._lock = threading.Lock()
         inner = holder.passes
 
         def passes(lm, prompt_ids, cfg, control):
             for rec in inner(lm, prompt_ids, cfg, control):
                 with self._lock:
-                    self.events.append((threading.get_ident(), time.perf_counter(), cfg.mode))
+                    self.events.append((id(control), time.perf_counter(), cfg.mode, threading.get_ident()))
                 yield rec
 
         holder.passes = passes
 
-    def since(self, t0: float) -> list[tuple[int, float, str]]:
+    def since(self, t0: float) -> list[tuple[int, float, str, int]]:
         with self._lock:
             return [e for e in self.events if e[1] >= t0]
 
@@ -139,21 +140,29 @@ def summarise(rows: list[dict]) -> dict:
             "mars_passes": s("mars_passes"), "ar_passes": s("ar_passes")}
 
 
-def browser_races(app, page, box, prompts, max_new: int, chart_every: list[float]) -> dict[str, list[dict]]:
-    """Each prompt, under each CHART_EVERY_S in turn (interleaved, so a load change falls on all alike)."""
+def browser_races(app, page, box, prompts, max_new: int, chart_every: list[float], others) -> dict[str, list[dict]]:
+    """Each prompt, under each CHART_EVERY_S in turn, then each of `others` (name -> run(prompt) -> row) on
+    it: interleaved prompt by prompt, so a change in the machine's load falls on all of them alike."""
     set_max_new(page, box, max_new)
-    out: dict[str, list[dict]] = {str(c): [] for c in chart_every}
+    out: dict[str, list[dict]] = {f"app (charts/{c}s)": [] for c in chart_every} | {name: [] for name in others}
     for i, prompt in enumerate(prompts):
+        for name, run in others.items():
+            row = run(prompt) | {"prompt": i}
+            out[name].append(row)
+            print(f"  {name} prompt {i}: {fmt_row(row)}", flush=True)
         for c in chart_every:
             app.CHART_EVERY_S = c
             start_generate(page, prompt)
             row = race_row(finish_generate(page)) | {"prompt": i}
-            out[str(c)].append(row)
-            print(f"  app prompt {i} charts/{c}s: MARS {row['mars_tokens']} tok {row['mars_passes']} passes "
-                  f"{row['mars_s']:.2f} s ({row['mars_pass_ms']:.0f} ms/pass) | AR {row['ar_tokens']} tok "
-                  f"{row['ar_s']:.2f} s ({row['ar_pass_ms']:.0f} ms/pass) -> "
-                  f"{speed(row['mars_tokens'], row['mars_s'], row['ar_tokens'], row['ar_s']):.2f}x", flush=True)
+            out[f"app (charts/{c}s)"].append(row)
+            print(f"  app (charts/{c}s) prompt {i}: {fmt_row(row)}", flush=True)
     return out
+
+
+def fmt_row(row: dict) -> str:
+    return (f"MARS {row['mars_tokens']} tok {row['mars_passes']} passes {row['mars_s']:.2f} s "
+            f"({row['mars_pass_ms']:.0f} ms/pass) | AR {row['ar_tokens']} tok {row['ar_s']:.2f} s "
+            f"({row['ar_pass_ms']:.0f} ms/pass) -> {speed(row['mars_tokens'], row['mars_s'], row['ar_tokens'], row['ar_s']):.2f}x")
 
 
 def two_visitors(browser, url, log: PassLog, prompts, max_new: int) -> dict:
@@ -169,7 +178,7 @@ def two_visitors(browser, url, log: PassLog, prompts, max_new: int) -> dict:
         firsts.append(time.perf_counter() - t0)
     traces = [finish_generate(page) for page, _ in pages]
     events = log.since(t_start)
-    threads = list(dict.fromkeys(e[0] for e in events))
+    threads = list(dict.fromkeys(e[0] for e in events))  # the runs (visitors), in order of their first pass
     order = "".join("AB"[threads.index(e[0])] if threads.index(e[0]) < 2 else "?" for e in events)
     # the longest run of one visitor's passes while the other still had passes to come
     last = {v: order.rfind(v) for v in "AB"}
@@ -178,7 +187,8 @@ def two_visitors(browser, url, log: PassLog, prompts, max_new: int) -> dict:
     longest = max((len(run) for run in _runs(overlap)), default=0)
     for page, _ in pages:
         page.context.close()
-    return {"first_group_s": firsts, "pass_order": order, "first_pass_index": first,
+    workers = [len({e[3] for e in events if e[0] == run}) for run in threads[:2]]
+    return {"first_group_s": firsts, "pass_order": order, "first_pass_index": first, "worker_threads": workers,
             "longest_streak_while_both_ran": longest,
             "passes_before_second_visitor": max(first.values()),
             "ratios": [summarise([race_row(t)])["ratio"] for t in traces]}
@@ -194,28 +204,37 @@ def _runs(s: str) -> list[str]:
     return out + ([cur] if cur else [])
 
 
+def handler_race(demo, prompt: str, max_new: int) -> dict:
+    """The app's own generate handler at its defaults, consumed in this thread: no server, no browser. What the
+    app's passes cost without the page's updates being sent and drawn."""
+    from mars.app.session import Session
+
+    ma = demo.mars_app
+    session = Session()
+    for _ in ma.generate(prompt, 0.9, 4, max_new, "prob", True, ma.ui.mode.value, session):
+        pass
+    m, a = session.mars, session.ar
+    return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
+            "mars_pass_ms": median_ms([r.seconds for r in m.records]),
+            "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,
+            "ar_pass_ms": median_ms([r.seconds for r in a.records])}
+
+
 # ------------------------------------------------------------------------------------------------ the bench
-def bench_races(lm, prompts, max_new: int, threads: int, block: int = 4, tau: float = 0.9) -> list[dict]:
-    """The bench's core path (`generate_ids`, batch 1), mars then ar per prompt, on `threads` threads."""
+def bench_race(lm, prompt: str, max_new: int, threads: int, block: int = 4, tau: float = 0.9) -> dict:
+    """The bench's core path (`generate_ids`, batch 1) in this thread, mars then ar, on `threads` threads."""
     import torch
 
     from mars.decoding import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
-    rows = []
-    for i, prompt in enumerate(prompts):
-        ids = encode_prompt(lm.tokenizer, prompt)
-        got = {}
-        for mode, cfg in (("mars", DecodeConfig(mode="mars", tau=tau, block_size=block, max_new_tokens=max_new)),
-                          ("ar", DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new))):
-            run = generate_ids(lm, [ids], cfg)[0]
-            got[mode] = run
-        m, a = got["mars"], got["ar"]
-        rows.append({"prompt": i, "mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
-                     "mars_pass_ms": median_ms([s.seconds for s in m.steps]),
-                     "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,
-                     "ar_pass_ms": median_ms([s.seconds for s in a.steps])})
-    return rows
+    ids = encode_prompt(lm.tokenizer, prompt)
+    m = generate_ids(lm, [ids], DecodeConfig(mode="mars", tau=tau, block_size=block, max_new_tokens=max_new))[0]
+    a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new))[0]
+    return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
+            "mars_pass_ms": median_ms([s.seconds for s in m.steps]),
+            "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,
+            "ar_pass_ms": median_ms([s.seconds for s in a.steps])}
 
 
 def table(named: dict[str, dict]) -> str:
@@ -237,6 +256,8 @@ def main(argv=None) -> int:
                     help="app.CHART_EVERY_S values to compare (default: the app's own); inf = charts only at the end")
     ap.add_argument("--no-visitors", action="store_true", help="skip the two-visitors check")
     ap.add_argument("--no-bench", action="store_true", help="skip the bench run")
+    ap.add_argument("--handler", action="store_true",
+                    help="also run the app's generate handler in-process, without server or browser")
     ap.add_argument("--json", help="write every number here")
     args = ap.parse_args(argv)
 
@@ -257,8 +278,13 @@ def main(argv=None) -> int:
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            others = {}
+            if args.handler:
+                others["app handler, no page"] = lambda p: handler_race(demo, p, args.max_new_tokens)
+            if not args.no_bench:
+                others["bench"] = lambda p: bench_race(lm, p, args.max_new_tokens, threads)
             page, box = open_page(browser, url)
-            result["app"] = browser_races(app, page, box, prompts, args.max_new_tokens, chart_every)
+            result["runs"] = browser_races(app, page, box, prompts, args.max_new_tokens, chart_every, others)
             page.context.close()
             if not args.no_visitors:
                 app.CHART_EVERY_S = chart_every[0]
@@ -266,17 +292,14 @@ def main(argv=None) -> int:
                 print(f"two visitors: first group after {v['first_group_s'][0]:.2f} s and "
                       f"{v['first_group_s'][1]:.2f} s; the second's first pass was pass "
                       f"{v['passes_before_second_visitor']} of the server; longest run of one visitor's passes "
-                      f"while both ran: {v['longest_streak_while_both_ran']}; order {v['pass_order'][:80]}",
+                      f"while both ran: {v['longest_streak_while_both_ran']}; Gradio worker threads per visitor "
+                      f"{v['worker_threads']}; order {v['pass_order'][:80]}",
                       flush=True)
             browser.close()
     finally:
         demo.close()
 
-    named = {f"app (charts/{c}s)": summarise(rows) for c, rows in result["app"].items()}
-    if not args.no_bench:
-        result["bench"] = bench_races(lm, prompts, args.max_new_tokens, threads)
-        named["bench"] = summarise(result["bench"])
-    result["summary"] = named
+    result["summary"] = named = {name: summarise(rows) for name, rows in result["runs"].items()}
     print(table(named))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
