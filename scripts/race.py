@@ -10,9 +10,10 @@
 4. Runs the same prompts the bench's way (`mars.decoding.generate_ids`, the bench's core path) on the same
    thread count, mars tau 0.9 and ar, and prints app vs bench side by side.
 
-`--chart-every 1.0 inf` repeats step 2 once per value of app.CHART_EVERY_S (seconds between chart redraws
-while a run streams; inf = charts only at the end), prompt by prompt in turn, to see whether the page's
-updates slow the passes.
+`--chart-every 1.0 inf` repeats step 2 once per chart interval (the app's MARS_CHART_EVERY_S: seconds between
+chart redraws while a run streams; inf = charts only at the end), prompt by prompt in turn, to see whether the
+page's updates slow the passes. `--handler` adds the app's generate handler run in-process without server or
+page. Every variant runs on each prompt before the next prompt, so a change in the machine's load falls on all.
 
     PYTHONPATH=. python scripts/race.py                        # 3 held-out prompts, 64 new tokens
     PYTHONPATH=. python scripts/race.py --limit 5 --max-new-tokens 128 --json runs/race.json
@@ -140,8 +141,8 @@ def summarise(rows: list[dict]) -> dict:
             "mars_passes": s("mars_passes"), "ar_passes": s("ar_passes")}
 
 
-def browser_races(app, page, box, prompts, max_new: int, chart_every: list[float], others) -> dict[str, list[dict]]:
-    """Each prompt, under each CHART_EVERY_S in turn, then each of `others` (name -> run(prompt) -> row) on
+def browser_races(demo, page, box, prompts, max_new: int, chart_every: list[float], others) -> dict[str, list[dict]]:
+    """Each prompt, under each chart interval in turn, then each of `others` (name -> run(prompt) -> row) on
     it: interleaved prompt by prompt, so a change in the machine's load falls on all of them alike."""
     set_max_new(page, box, max_new)
     out: dict[str, list[dict]] = {f"app (charts/{c}s)": [] for c in chart_every} | {name: [] for name in others}
@@ -151,7 +152,7 @@ def browser_races(app, page, box, prompts, max_new: int, chart_every: list[float
             out[name].append(row)
             print(f"  {name} prompt {i}: {fmt_row(row)}", flush=True)
         for c in chart_every:
-            app.CHART_EVERY_S = c
+            demo.mars_app.chart_every_s = c
             start_generate(page, prompt)
             row = race_row(finish_generate(page)) | {"prompt": i}
             out[f"app (charts/{c}s)"].append(row)
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=3, help="prompts, spread through the file")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--chart-every", type=float, nargs="+", default=None,
-                    help="app.CHART_EVERY_S values to compare (default: the app's own); inf = charts only at the end")
+                    help="chart intervals (MARS_CHART_EVERY_S) to compare (default: the app's own); inf = charts only at the end")
     ap.add_argument("--no-visitors", action="store_true", help="skip the two-visitors check")
     ap.add_argument("--no-bench", action="store_true", help="skip the bench run")
     ap.add_argument("--handler", action="store_true",
@@ -271,7 +272,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     app, demo, lm, log, url = start_app()
     threads = demo.mars_app.holder.threads
-    chart_every = args.chart_every or [app.CHART_EVERY_S]
+    chart_every = args.chart_every or [demo.mars_app.chart_every_s]
     print(f"app up at {url} in {time.perf_counter() - t:.0f} s: {lm.name}, {threads} threads per pass, "
           f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, charts every {chart_every} s", flush=True)
     result = {"threads": threads, "max_new_tokens": args.max_new_tokens, "prompts": prompts}
@@ -284,10 +285,10 @@ def main(argv=None) -> int:
             if not args.no_bench:
                 others["bench"] = lambda p: bench_race(lm, p, args.max_new_tokens, threads)
             page, box = open_page(browser, url)
-            result["runs"] = browser_races(app, page, box, prompts, args.max_new_tokens, chart_every, others)
+            result["runs"] = browser_races(demo, page, box, prompts, args.max_new_tokens, chart_every, others)
             page.context.close()
             if not args.no_visitors:
-                app.CHART_EVERY_S = chart_every[0]
+                demo.mars_app.chart_every_s = chart_every[0]
                 result["visitors"] = v = two_visitors(browser, url, log, prompts, args.max_new_tokens)
                 print(f"two visitors: first group after {v['first_group_s'][0]:.2f} s and "
                       f"{v['first_group_s'][1]:.2f} s; the second's first pass was pass "
