@@ -67,11 +67,11 @@ def slowed(lm, delay: float = 0.05):
     Works whichever backend runs the model (the fast path bypasses `model.forward`), and touches no
     other model: the wrapper only acts on models registered here.
     """
-    import mars.decoding
+    import mars.cache  # the decoder's cache builds its runner through the name it imported
 
-    if not getattr(mars.decoding.make_backend, "_slowable", False):
-        mars.decoding.make_backend = _slow_make_backend(mars.decoding.make_backend)
-        mars.decoding.make_backend._slowable = True
+    if not getattr(mars.cache.make_backend, "_slowable", False):
+        mars.cache.make_backend = _slow_make_backend(mars.cache.make_backend)
+        mars.cache.make_backend._slowable = True
     _SLOWED[id(lm.model)] = delay
     return lm
 
