@@ -5,8 +5,8 @@ Components and event handlers only. The shared model is `mars.app.serving`, a vi
 `mars.app.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
 choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default:
 every core) torch's threads per pass, MARS_MAX_NEW_TOKENS (default 512) the largest request,
-MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt. Every limit is checked here, on the server,
-whatever a client sends.
+MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt, MARS_CHART_EVERY_S (default 1) how often the charts
+are redrawn while a run streams. Every limit is checked here, on the server, whatever a client sends.
 """
 
 # No `from __future__ import annotations` here: Gradio reads api_generate's return annotation at runtime to
@@ -28,14 +28,13 @@ from mars.app.session import Session, run_trace
 from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import BATCH_CSS, build_batch_tab, build_model_list
 from mars.app.inputs import (
-    MAX_BLOCK, MODE_LABELS, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
+    MAX_BLOCK, MODE_LABELS, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
     max_new_tokens_limit,
 )
 from mars.core.decoding import DecodeControl
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = json.loads((ROOT / "assets" / "examples.json").read_text())
-CHART_EVERY_S = 1.0  # charts are re-drawn at most this often while a run streams (text: every pass)
 LOG = logging.getLogger("mars.app")
 
 CSS = viz.GROUPS_CSS + BATCH_CSS + """
@@ -83,6 +82,7 @@ class MarsApp:
 
     def __init__(self, lm_provider=None):
         self.holder = ModelHolder(lm_provider)
+        self.chart_every_s = chart_every_s()  # charts redrawn at most this often while a run streams
         self.ui = SimpleNamespace()  # the components, by name, once build() has made them
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -115,12 +115,12 @@ class MarsApp:
 
     def _stream_run(self, session: Session, which: str, runs, output, state: str, note):
         """The one streaming loop: after every pass, that run's groups and the stats; charts at most every
-        CHART_EVERY_S, and at the end. `which` is the session slot ("mars" or "ar") the trace goes to."""
+        `self.chart_every_s`, and at the end. `which` is the session slot ("mars" or "ar") the trace goes to."""
         last_chart = time.perf_counter()
         for trace in runs:
             setattr(session, which, trace)
             upd = {output: self._groups(trace), self.ui.stats: self._stats(session, state, note(trace))}
-            if trace.finished or time.perf_counter() - last_chart > CHART_EVERY_S:
+            if trace.finished or time.perf_counter() - last_chart > self.chart_every_s:
                 upd.update(self._charts(session))
                 last_chart = time.perf_counter()
             yield upd

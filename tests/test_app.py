@@ -82,6 +82,30 @@ def test_generation_streams_one_update_per_pass(ui, lm):
     assert session.mars.token_ids == expected.token_ids and session.mars.text == expected.text
 
 
+def test_charts_follow_the_chart_interval_and_the_text_every_pass(ui, monkeypatch):
+    charts = ui.ui.chart_race
+    monkeypatch.setattr(ui, "chart_every_s", 0.0)
+    every = [charts in u for u in run(ui, Session()) if ui.ui.output in u][1:]
+    assert len(every) > 3 and all(every)  # interval 0: a redraw with every pass's text
+    monkeypatch.setattr(ui, "chart_every_s", float("inf"))
+    updates = [u for u in run(ui, Session()) if ui.ui.output in u][1:]
+    assert [charts in u for u in updates[:-1]] == [False] * (len(updates) - 1)  # inf: the text only...
+    assert charts in updates[-1]  # ...until the run ends
+
+
+def test_chart_interval_comes_from_mars_chart_every_s(monkeypatch):
+    from mars.app_inputs import chart_every_s
+
+    monkeypatch.delenv("MARS_CHART_EVERY_S", raising=False)
+    assert chart_every_s() == 1.0
+    monkeypatch.setenv("MARS_CHART_EVERY_S", "inf")
+    assert chart_every_s() == float("inf")
+    for bad in ("-1", "nan", "soon"):
+        monkeypatch.setenv("MARS_CHART_EVERY_S", bad)
+        with pytest.raises(ValueError, match="MARS_CHART_EVERY_S"):
+            chart_every_s()
+
+
 def test_tau_set_during_a_run_steers_the_next_passes(ui):
     session = Session()
     stream = run(ui, session, tau=0.9)

@@ -21,6 +21,20 @@ def max_new_tokens_limit() -> int:
     return int(os.environ.get("MARS_MAX_NEW_TOKENS", "512"))
 
 
+def chart_every_s() -> float:
+    """Seconds between chart redraws while a run streams (MARS_CHART_EVERY_S, default 1; 0 = every pass, inf =
+    only at the end): each redraw is three plotly figures serialised by the server and drawn by the browser,
+    work that can fall during the next pass. The text is updated after every pass whatever this says."""
+    raw = os.environ.get("MARS_CHART_EVERY_S", "").strip() or "1.0"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"MARS_CHART_EVERY_S must be a number of seconds (or inf), got {raw!r}") from None
+    if not value >= 0:
+        raise ValueError(f"MARS_CHART_EVERY_S must be >= 0, got {raw!r}")
+    return value
+
+
 def max_prompt_tokens() -> int:
     """Server-side cap on a prompt's tokens (chat template included), whatever a client sends."""
     return int(os.environ.get("MARS_MAX_PROMPT_TOKENS", "1024"))

@@ -1,0 +1,312 @@
+"""The app's race against the bench's, on the same prompts, in one process: does the app show MARS's real speed?
+
+1. Starts the app in-process (default model + shipped adapter, or MARS_MODEL / MARS_ADAPTER) on a free port and
+   waits for the model to load.
+2. Drives headless Chromium through the prompts at the app's defaults (tau 0.9, B 4, "then run AR" on), one
+   after another, and reads each race from the trace JSON download (#download-json): MARS and AR decode
+   seconds, tokens, passes, median pass ms.
+3. Two visitors at once: two pages press Generate together; each one's time to its first group, and the
+   order in which the server ran their passes (a wrapper on the holder's passes records the worker thread).
+4. Runs the same prompts the bench's way (`mars.decoding.generate_ids`, the bench's core path) on the same
+   thread count, mars tau 0.9 and ar, and prints app vs bench side by side.
+
+`--chart-every 1.0 inf` repeats step 2 once per chart interval (the app's MARS_CHART_EVERY_S: seconds between
+chart redraws while a run streams; inf = charts only at the end), prompt by prompt in turn, to see whether the
+page's updates slow the passes. `--handler` adds the app's generate handler run in-process without server or
+page. Every variant runs on each prompt before the next prompt, so a change in the machine's load falls on all.
+
+    PYTHONPATH=. python scripts/race.py                        # 3 held-out prompts, 64 new tokens
+    PYTHONPATH=. python scripts/race.py --limit 5 --max-new-tokens 128 --json runs/race.json
+    PYTHONPATH=. python scripts/race.py --chart-every 1.0 0.5 inf --no-visitors --no-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def median_ms(seconds: list[float]) -> float:
+    return 1000 * statistics.median(seconds) if seconds else float("nan")
+
+
+class PassLog:
+    """Wraps the holder's `passes`: (run, end time, mode, worker thread) of every pass the server runs. A run
+    is one visitor's generation (its DecodeControl); the thread is whichever of Gradio's workers ran the pass."""
+
+    def __init__(self, holder):
+        self.events: list[tuple[int, float, str, int]] = []
+        self._lock = threading.Lock()
+        inner = holder.passes
+
+        def passes(lm, prompt_ids, cfg, control):
+            for rec in inner(lm, prompt_ids, cfg, control):
+                with self._lock:
+                    self.events.append((id(control), time.perf_counter(), cfg.mode, threading.get_ident()))
+                yield rec
+
+        holder.passes = passes
+
+    def since(self, t0: float) -> list[tuple[int, float, str, int]]:
+        with self._lock:
+            return [e for e in self.events if e[1] >= t0]
+
+
+# ------------------------------------------------------------------------------------------------- the app
+def start_app():
+    sys.path.insert(0, str(ROOT))
+    import app
+
+    demo = app.create_demo()
+    log = PassLog(demo.mars_app.holder)
+    port = free_port()
+    app.launch(demo, server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    lm = demo.mars_app.holder.get()  # waits for the start-up load and warm-up
+    return app, demo, lm, log, f"http://127.0.0.1:{port}/"
+
+
+def open_page(browser, url):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})  # its own context: its own session
+    page.goto(url)
+    page.wait_for_selector("#prompt textarea", timeout=60_000)
+    page.wait_for_selector("#model-banner b", timeout=300_000)  # the model panel has filled in
+    box = page.locator("#max-new-tokens input[type=number]")
+    return page, box
+
+
+def set_max_new(page, box, n: int):
+    box.fill(str(n))
+    box.press("Enter")
+
+
+def start_generate(page, prompt: str) -> float:
+    page.click("#clear")
+    page.wait_for_function("document.querySelectorAll('#output .mars-group').length === 0", timeout=30_000)
+    page.fill("#prompt textarea", prompt)
+    t0 = time.perf_counter()
+    page.click("#generate")
+    return t0
+
+
+def finish_generate(page, timeout_s: float = 900) -> dict:
+    """Wait for the run (MARS then AR) to end, then download and read its trace JSON."""
+    page.wait_for_selector('#stats [data-state="done"]', timeout=timeout_s * 1000)
+    button = page.locator("#download-json")
+    page.wait_for_function("!document.querySelector('#download-json').disabled", timeout=30_000)
+    with page.expect_download(timeout=60_000) as info:
+        button.click()
+    return json.loads(Path(info.value.path()).read_text())
+
+
+def race_row(trace: dict) -> dict:
+    m, a = trace["mars"], trace["ar"] or {}
+    row = {"mars_tokens": m["tokens"], "mars_passes": m["forward_passes"], "mars_s": m["decode_seconds"],
+           "mars_pass_ms": median_ms([p["seconds"] for p in m["passes"]]),
+           "ar_tokens": a.get("tokens", 0), "ar_passes": a.get("forward_passes", 0), "ar_s": a.get("decode_seconds", 0.0),
+           "ar_pass_ms": median_ms([p["seconds"] for p in a.get("passes", [])])}
+    return row
+
+
+def speed(mars_tokens, mars_s, ar_tokens, ar_s) -> float:
+    """MARS's speed over AR's, per token of decode time (the app's speed-up tile)."""
+    if not (mars_s and ar_s and mars_tokens and ar_tokens):
+        return float("nan")
+    return (ar_s / ar_tokens) / (mars_s / mars_tokens)
+
+
+def summarise(rows: list[dict]) -> dict:
+    s = lambda k: sum(r[k] for r in rows)  # noqa: E731
+    return {"ratio": speed(s("mars_tokens"), s("mars_s"), s("ar_tokens"), s("ar_s")),
+            "mars_pass_ms": statistics.median([r["mars_pass_ms"] for r in rows]),
+            "ar_pass_ms": statistics.median([r["ar_pass_ms"] for r in rows]),
+            "mars_tokens": s("mars_tokens"), "ar_tokens": s("ar_tokens"),
+            "mars_passes": s("mars_passes"), "ar_passes": s("ar_passes")}
+
+
+def browser_races(demo, page, box, prompts, max_new: int, chart_every: list[float], others) -> dict[str, list[dict]]:
+    """Each prompt, under each chart interval in turn, then each of `others` (name -> run(prompt) -> row) on
+    it: interleaved prompt by prompt, so a change in the machine's load falls on all of them alike."""
+    set_max_new(page, box, max_new)
+    out: dict[str, list[dict]] = {f"app (charts/{c}s)": [] for c in chart_every} | {name: [] for name in others}
+    for i, prompt in enumerate(prompts):
+        for name, run in others.items():
+            row = run(prompt) | {"prompt": i}
+            out[name].append(row)
+            print(f"  {name} prompt {i}: {fmt_row(row)}", flush=True)
+        for c in chart_every:
+            demo.mars_app.chart_every_s = c
+            start_generate(page, prompt)
+            row = race_row(finish_generate(page)) | {"prompt": i}
+            out[f"app (charts/{c}s)"].append(row)
+            print(f"  app (charts/{c}s) prompt {i}: {fmt_row(row)}", flush=True)
+    return out
+
+
+def fmt_row(row: dict) -> str:
+    return (f"MARS {row['mars_tokens']} tok {row['mars_passes']} passes {row['mars_s']:.2f} s "
+            f"({row['mars_pass_ms']:.0f} ms/pass) | AR {row['ar_tokens']} tok {row['ar_s']:.2f} s "
+            f"({row['ar_pass_ms']:.0f} ms/pass) -> {speed(row['mars_tokens'], row['mars_s'], row['ar_tokens'], row['ar_s']):.2f}x")
+
+
+def two_visitors(browser, url, log: PassLog, prompts, max_new: int) -> dict:
+    """Two pages press Generate together: each one's time to its first group, and the server's pass order."""
+    pages = [open_page(browser, url) for _ in range(2)]
+    for (page, box) in pages:
+        set_max_new(page, box, max_new)
+    t_start = time.perf_counter()
+    starts = [start_generate(page, prompts[i % len(prompts)]) for i, (page, _) in enumerate(pages)]
+    firsts = []
+    for (page, _), t0 in zip(pages, starts):
+        page.wait_for_selector("#output .mars-group", timeout=300_000)
+        firsts.append(time.perf_counter() - t0)
+    traces = [finish_generate(page) for page, _ in pages]
+    events = log.since(t_start)
+    threads = list(dict.fromkeys(e[0] for e in events))  # the runs (visitors), in order of their first pass
+    order = "".join("AB"[threads.index(e[0])] if threads.index(e[0]) < 2 else "?" for e in events)
+    # the longest run of one visitor's passes while the other still had passes to come
+    last = {v: order.rfind(v) for v in "AB"}
+    first = {v: order.find(v) for v in "AB"}
+    overlap = order[max(first.values()):min(last.values()) + 1]
+    longest = max((len(run) for run in _runs(overlap)), default=0)
+    for page, _ in pages:
+        page.context.close()
+    workers = [len({e[3] for e in events if e[0] == run}) for run in threads[:2]]
+    return {"first_group_s": firsts, "pass_order": order, "first_pass_index": first, "worker_threads": workers,
+            "longest_streak_while_both_ran": longest,
+            "passes_before_second_visitor": max(first.values()),
+            "ratios": [summarise([race_row(t)])["ratio"] for t in traces]}
+
+
+def _runs(s: str) -> list[str]:
+    out, cur = [], ""
+    for ch in s:
+        if cur and ch != cur[-1]:
+            out.append(cur)
+            cur = ""
+        cur += ch
+    return out + ([cur] if cur else [])
+
+
+def handler_race(demo, prompt: str, max_new: int) -> dict:
+    """The app's own generate handler at its defaults, consumed in this thread: no server, no browser. What the
+    app's passes cost without the page's updates being sent and drawn."""
+    from mars.app.session import Session
+
+    ma = demo.mars_app
+    session = Session()
+    for _ in ma.generate(prompt, 0.9, 4, max_new, "prob", True, ma.ui.mode.value, session):
+        pass
+    m, a = session.mars, session.ar
+    return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
+            "mars_pass_ms": median_ms([r.seconds for r in m.records]),
+            "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,
+            "ar_pass_ms": median_ms([r.seconds for r in a.records])}
+
+
+# ------------------------------------------------------------------------------------------------ the bench
+def bench_race(lm, prompt: str, max_new: int, threads: int, block: int = 4, tau: float = 0.9) -> dict:
+    """The bench's core path (`generate_ids`, batch 1) in this thread, mars then ar, on `threads` threads."""
+    import torch
+
+    from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+
+    torch.set_num_threads(threads)
+    ids = encode_prompt(lm.tokenizer, prompt)
+    m = generate_ids(lm, [ids], DecodeConfig(mode="mars", tau=tau, block_size=block, max_new_tokens=max_new))[0]
+    a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new))[0]
+    return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
+            "mars_pass_ms": median_ms([s.seconds for s in m.steps]),
+            "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,
+            "ar_pass_ms": median_ms([s.seconds for s in a.steps])}
+
+
+def table(named: dict[str, dict]) -> str:
+    lines = [f"{'':<22} {'MARS/AR speed':>13} {'MARS ms/pass':>12} {'AR ms/pass':>10} {'pass ratio':>10} "
+             f"{'MARS tok/passes':>15} {'AR tok':>6}"]
+    for name, s in named.items():
+        lines.append(f"{name:<22} {s['ratio']:>12.2f}x {s['mars_pass_ms']:>12.1f} {s['ar_pass_ms']:>10.1f} "
+                     f"{s['mars_pass_ms'] / s['ar_pass_ms']:>9.2f}x {s['mars_tokens']:>7}/{s['mars_passes']:<7} "
+                     f"{s['ar_tokens']:>6}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", default=str(ROOT / "data" / "prompts" / "heldout.jsonl"))
+    ap.add_argument("--limit", type=int, default=3, help="prompts, spread through the file")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--chart-every", type=float, nargs="+", default=None,
+                    help="chart intervals (MARS_CHART_EVERY_S) to compare (default: the app's own); inf = charts only at the end")
+    ap.add_argument("--no-visitors", action="store_true", help="skip the two-visitors check")
+    ap.add_argument("--no-bench", action="store_true", help="skip the bench run")
+    ap.add_argument("--handler", action="store_true",
+                    help="also run the app's generate handler in-process, without server or browser")
+    ap.add_argument("--json", help="write every number here")
+    args = ap.parse_args(argv)
+
+    from playwright.sync_api import sync_playwright
+
+    from mars.bench import read_prompts, spread_indices
+
+    prompts = read_prompts(args.prompts)
+    prompts = [prompts[i] for i in spread_indices(len(prompts), args.limit)]
+
+    t = time.perf_counter()
+    app, demo, lm, log, url = start_app()
+    threads = demo.mars_app.holder.threads
+    chart_every = args.chart_every or [demo.mars_app.chart_every_s]
+    print(f"app up at {url} in {time.perf_counter() - t:.0f} s: {lm.name}, {threads} threads per pass, "
+          f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, charts every {chart_every} s", flush=True)
+    result = {"threads": threads, "max_new_tokens": args.max_new_tokens, "prompts": prompts}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+            others = {}
+            if args.handler:
+                others["app handler, no page"] = lambda p: handler_race(demo, p, args.max_new_tokens)
+            if not args.no_bench:
+                others["bench"] = lambda p: bench_race(lm, p, args.max_new_tokens, threads)
+            page, box = open_page(browser, url)
+            result["runs"] = browser_races(demo, page, box, prompts, args.max_new_tokens, chart_every, others)
+            page.context.close()
+            if not args.no_visitors:
+                demo.mars_app.chart_every_s = chart_every[0]
+                result["visitors"] = v = two_visitors(browser, url, log, prompts, args.max_new_tokens)
+                print(f"two visitors: first group after {v['first_group_s'][0]:.2f} s and "
+                      f"{v['first_group_s'][1]:.2f} s; the second's first pass was pass "
+                      f"{v['passes_before_second_visitor']} of the server; longest run of one visitor's passes "
+                      f"while both ran: {v['longest_streak_while_both_ran']}; Gradio worker threads per visitor "
+                      f"{v['worker_threads']}; order {v['pass_order'][:80]}",
+                      flush=True)
+            browser.close()
+    finally:
+        demo.close()
+
+    result["summary"] = named = {name: summarise(rows) for name, rows in result["runs"].items()}
+    print(table(named))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1, default=lambda x: None if math.isnan(x) else x))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
