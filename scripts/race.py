@@ -7,7 +7,7 @@
    seconds, tokens, passes, median pass ms.
 3. Two visitors at once: two pages press Generate together; each one's time to its first group, and the
    order in which the server ran their passes (a wrapper on the holder's passes records the worker thread).
-4. Runs the same prompts the bench's way (`mars.decoding.generate_ids`, the bench's core path) on the same
+4. Runs the same prompts the bench's way (`mars.core.decoding.generate_ids`, the bench's core path) on the same
    thread count, mars tau 0.9 and ar, and prints app vs bench side by side.
 
 `--chart-every 1.0 inf` repeats step 2 once per chart interval (the app's MARS_CHART_EVERY_S: seconds between
@@ -226,7 +226,7 @@ def bench_race(lm, prompt: str, max_new: int, threads: int, block: int = 4, tau:
     """The bench's core path (`generate_ids`, batch 1) in this thread, mars then ar, on `threads` threads."""
     import torch
 
-    from mars.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
     ids = encode_prompt(lm.tokenizer, prompt)
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
 
     from playwright.sync_api import sync_playwright
 
-    from mars.bench import read_prompts, spread_indices
+    from mars.evaluation.bench import read_prompts, spread_indices
 
     prompts = read_prompts(args.prompts)
     prompts = [prompts[i] for i in spread_indices(len(prompts), args.limit)]

@@ -94,7 +94,7 @@ def test_charts_follow_the_chart_interval_and_the_text_every_pass(ui, monkeypatc
 
 
 def test_chart_interval_comes_from_mars_chart_every_s(monkeypatch):
-    from mars.app_inputs import chart_every_s
+    from mars.app.inputs import chart_every_s
 
     monkeypatch.delenv("MARS_CHART_EVERY_S", raising=False)
     assert chart_every_s() == 1.0
