@@ -124,3 +124,15 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+def shrink_png(path: Path, budget: int = 300_000):
+    """A full-page PNG of the app is ~1 MB; a 256-colour palette keeps it sharp and under budget."""
+    from PIL import Image
+
+    img = Image.open(path).convert("RGB")
+    while True:
+        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
+        if path.stat().st_size < budget or img.width < 700:
+            return
+        img = img.resize((int(img.width * 0.85), int(img.height * 0.85)), Image.LANCZOS)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import free_port, serve
+from conftest import free_port, serve, shrink_png
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -244,7 +244,7 @@ def test_default_model_time_to_first_group(browser):
         page.set_viewport_size({"width": 1400, "height": 1000})
         shot = ROOT / "assets" / "screenshot.png"
         page.screenshot(path=str(shot), full_page=True)
-        _shrink_png(shot)
+        shrink_png(shot)
         assert shot.stat().st_size < 300_000
         page.close()
     finally:
@@ -308,15 +308,3 @@ def test_default_model_first_group_for_a_visitor_45_s_after_start(browser):
         page.close()
     finally:
         demo.close()
-
-
-def _shrink_png(path: Path, budget: int = 300_000):
-    """A full-page PNG of the app is ~1 MB; a 256-colour palette keeps it sharp and under budget."""
-    from PIL import Image
-
-    img = Image.open(path).convert("RGB")
-    while True:
-        img.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
-        if path.stat().st_size < budget or img.width < 700:
-            return
-        img = img.resize((int(img.width * 0.85), int(img.height * 0.85)), Image.LANCZOS)

@@ -3,9 +3,14 @@ comparison, downloads, and a bad input's message. Skips where Chromium or playwr
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from conftest import serve
+from conftest import serve, shrink_png
+
+ROOT = Path(__file__).resolve().parent.parent
 
 PROMPTS = ["what is the capital of france ?", "tell me a word", '<img src=x onerror="window.__xss=1">']
 
@@ -62,3 +67,29 @@ def test_bad_batch_input_shows_a_message(page):
     page.fill("#batch-prompts textarea", "\n".join(["hi"] * 9))
     page.click("#batch-run")
     page.wait_for_selector("text=at most 8", timeout=30_000)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("MARS_BROWSER_DEFAULT") != "1", reason="set MARS_BROWSER_DEFAULT=1 (default model)")
+def test_default_model_batch_view_screenshot(browser):
+    """The Batch tab on the default model and the shipped adapter, at the tab's defaults: writes
+    assets/batch.png for the README and prints the measured comparison."""
+    from mars.app.serving import default_provider
+
+    demo, url = serve(default_provider())
+    try:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url)
+        page.get_by_role("tab", name="Batch").click()
+        page.wait_for_selector("#batch-prompts textarea", timeout=60_000)
+        page.click("#batch-run")
+        page.wait_for_selector("#batch-compare [data-complete=true]", timeout=900_000)
+        print("\n" + page.locator("#batch-compare-table").inner_text())
+        assert page.locator("#batch-output .mars-row").count() == 4
+        shot = ROOT / "assets" / "batch.png"
+        page.screenshot(path=str(shot), full_page=True)
+        shrink_png(shot)
+        assert shot.stat().st_size < 300_000
+        page.close()
+    finally:
+        demo.close()
