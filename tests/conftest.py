@@ -126,6 +126,15 @@ def browser():
         b.close()
 
 
+def save_screenshot(page, name: str, budget: int = 300_000) -> Path:
+    """A full-page screenshot into assets/<name>, kept sharp and under `budget` bytes (it is committed)."""
+    shot = ROOT / "assets" / name
+    page.screenshot(path=str(shot), full_page=True)
+    shrink_png(shot, budget)
+    assert shot.stat().st_size < budget
+    return shot
+
+
 def shrink_png(path: Path, budget: int = 300_000):
     """A full-page PNG of the app is ~1 MB; a 256-colour palette keeps it sharp and under budget."""
     from PIL import Image

@@ -14,13 +14,10 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import free_port, serve, shrink_png
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import free_port, save_screenshot, serve
 
 
 _SLOWED: dict[int, float] = {}  # id(model) -> extra seconds per pass
@@ -242,10 +239,7 @@ def test_default_model_time_to_first_group(browser):
         press_generate(page)  # one full run (MARS then AR) for the screenshot
         page.wait_for_selector('#stats [data-state="done"]', timeout=900_000)
         page.set_viewport_size({"width": 1400, "height": 1000})
-        shot = ROOT / "assets" / "screenshot.png"
-        page.screenshot(path=str(shot), full_page=True)
-        shrink_png(shot)
-        assert shot.stat().st_size < 300_000
+        save_screenshot(page, "screenshot.png")
         page.close()
     finally:
         demo.close()

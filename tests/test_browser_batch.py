@@ -4,13 +4,10 @@ comparison, downloads, and a bad input's message. Skips where Chromium or playwr
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
-from conftest import serve, shrink_png
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import save_screenshot, serve
 
 PROMPTS = ["what is the capital of france ?", "tell me a word", '<img src=x onerror="window.__xss=1">']
 
@@ -86,10 +83,7 @@ def test_default_model_batch_view_screenshot(browser):
         page.wait_for_selector("#batch-compare [data-complete=true]", timeout=900_000)
         print("\n" + page.locator("#batch-compare-table").inner_text())
         assert page.locator("#batch-output .mars-row").count() == 4
-        shot = ROOT / "assets" / "batch.png"
-        page.screenshot(path=str(shot), full_page=True)
-        shrink_png(shot)
-        assert shot.stat().st_size < 300_000
+        save_screenshot(page, "batch.png")
         page.close()
     finally:
         demo.close()
