@@ -17,9 +17,9 @@ PROMPTS = "what is the capital of france ?\n\ntell me a word\nadd 2 + 3 = ?"
 def test_both_pieces_build_with_their_element_ids(tiny_lm):
     with gr.Blocks() as demo:
         with gr.Tab("Batch"):
-            batch = app_tabs.build_batch_tab(lambda: tiny_lm, threading.Lock())
+            batch = tabs.build_batch_tab(lambda: tiny_lm, threading.Lock())
         with gr.Tab("Model"):
-            models = app_tabs.build_model_list(lambda lm: None)
+            models = tabs.build_model_list(lambda lm: None)
     ids = {c.get("props", {}).get("elem_id") for c in demo.config["components"]}
     for elem in ("batch-prompts", "batch-run", "batch-stop", "batch-output", "batch-chart", "batch-compare",
                  "batch-download-html", "batch-download-json", "batch-cache-block", "paper-checkpoint",
@@ -34,8 +34,8 @@ def run_all(runner, *args):
 
 def test_batch_runner_streams_rows_then_the_comparison_then_the_files(tiny_lm):
     lock = threading.Lock()
-    runner = app_tabs.make_batch_runner(lambda: tiny_lm, lock)
-    session = app_tabs.BatchSession()
+    runner = tabs.make_batch_runner(lambda: tiny_lm, lock)
+    session = tabs.BatchSession()
     outs = run_all(runner, PROMPTS, 0.1, 4, 24, 4, "time", session)
     rows_html = [o[0] for o in outs if isinstance(o[0], str)]
     assert len(rows_html) >= 3 and all(h.count('class="mars-row"') == 3 for h in rows_html)
@@ -64,16 +64,16 @@ def test_batch_runner_streams_rows_then_the_comparison_then_the_files(tiny_lm):
 @pytest.mark.parametrize("text,message", [("", "no prompts"), ("a\n" * 9, "at most 8"),
                                           ("ok\n" + "x" * 100_000, "line 2: the prompt is too long")])
 def test_bad_batch_input_gets_one_clear_message(tiny_lm, text, message):
-    runner = app_tabs.make_batch_runner(lambda: tiny_lm)
+    runner = tabs.make_batch_runner(lambda: tiny_lm)
     with pytest.raises(gr.Error, match=message):
-        run_all(runner, text, 0.9, 4, 16, 16, "time", app_tabs.BatchSession())
+        run_all(runner, text, 0.9, 4, 16, 16, "time", tabs.BatchSession())
     with pytest.raises(gr.Error, match="block size"):
-        run_all(runner, "hi", 0.9, 99, 16, 16, "time", app_tabs.BatchSession())
+        run_all(runner, "hi", 0.9, 99, 16, 16, "time", tabs.BatchSession())
 
 
 def test_stop_ends_the_batch_and_skips_the_comparison(tiny_lm):
-    runner = app_tabs.make_batch_runner(lambda: tiny_lm)
-    session = app_tabs.BatchSession()
+    runner = tabs.make_batch_runner(lambda: tiny_lm)
+    session = tabs.BatchSession()
     outs = []
     for out in runner(PROMPTS, 0.9, 4, 64, 16, "pass", session):
         outs.append(out)
@@ -87,7 +87,7 @@ def test_paper_checkpoint_loader_installs_or_explains(tiny_lm, monkeypatch):
     installed, seen = [], []
     monkeypatch.setattr(app_tabs, "load_checkpoint",
                         lambda hub_id, progress: (progress(1.0, "loaded"), (tiny_lm, f"Loaded {hub_id}."))[1])
-    load = app_tabs.make_model_loader(installed.append)
+    load = tabs.make_model_loader(installed.append)
     html = load("Xalphinions/MARS-Qwen2.5-0.5B-blk4", lambda f, desc: seen.append((f, desc)))
     assert installed == [tiny_lm] and seen == [(1.0, "loaded")]
     assert html == '<div class="mars-note">Loaded Xalphinions/MARS-Qwen2.5-0.5B-blk4.</div>'
@@ -95,8 +95,8 @@ def test_paper_checkpoint_loader_installs_or_explains(tiny_lm, monkeypatch):
     def broken(lm):
         raise RuntimeError("first pass failed")
 
-    html = app_tabs.make_model_loader(broken)("x", lambda f, desc: None)
+    html = tabs.make_model_loader(broken)("x", lambda f, desc: None)
     assert "Could not run tiny-llama: RuntimeError: first pass failed" in html and "mars-banner" in html
     monkeypatch.setattr(app_tabs, "load_checkpoint", lambda hub_id, progress: (None, "<b>cannot</b> be reached"))
-    html = app_tabs.make_model_loader(installed.append)("x", lambda f, desc: None)
+    html = tabs.make_model_loader(installed.append)("x", lambda f, desc: None)
     assert "&lt;b&gt;cannot&lt;/b&gt; be reached" in html and len(installed) == 1

@@ -86,9 +86,9 @@ def make_batch_runner(get_lm: Callable[[], object], pass_lock=None, check_prompt
     if check_prompt is None or make_config is None or encode is None:
         from mars.app import inputs
 
-        check_prompt = check_prompt or app_inputs.check_prompt
-        make_config = make_config or app_inputs.make_config
-        encode = encode or app_inputs.encode_checked
+        check_prompt = check_prompt or inputs.check_prompt
+        make_config = make_config or inputs.make_config
+        encode = encode or inputs.encode_checked
 
     def run(prompts_text, tau, block_size, max_new_tokens, cache_block, axis, session: BatchSession):
         lm = get_lm()
