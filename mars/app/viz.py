@@ -250,8 +250,8 @@ def mode_name(mode: str) -> str:
 
 
 def summary_line(mars, ar=None) -> str:
-    """One sentence on a finished run (a session Trace) and its AR baseline."""
-    s = (f"{mode_name(mars.mode)}: {mars.tokens} tokens in {mars.passes} forward passes "
+    """One sentence on a finished run (a RunRecord) and its AR baseline."""
+    s = (f"{mode_name(mars.config.mode)}: {mars.tokens} tokens in {mars.passes} forward passes "
          f"({mars.tokens_per_pass:.2f} tokens/pass), "
          f"{mars.decode_seconds:.2f} s of decoding")
     if ar is not None and ar.finished:
