@@ -100,7 +100,7 @@ class MarsApp:
         block = m.config.block_size if m else DEFAULT_BLOCK_SIZE
         ar = session.ar.steps if session.ar else None
         return {
-            self.ui.chart_tokens: viz.make_tokens_per_pass_figure([len(r.token_ids) for r in recs], block),
+            self.ui.chart_tokens: viz.make_tokens_per_pass_figure(m, block),
             self.ui.chart_conf: viz.make_confidence_figure(recs),
             self.ui.chart_race: viz.make_race_figure(recs, ar),
         }
@@ -446,7 +446,7 @@ class MarsApp:
                     ui.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
                     ui.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
             with gr.Column(scale=2):
-                ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure([], DEFAULT_BLOCK_SIZE), show_label=False,
+                ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure(None, DEFAULT_BLOCK_SIZE), show_label=False,
                                          elem_id="chart-tokens")
                 ui.chart_conf = gr.Plot(viz.make_confidence_figure([]), show_label=False, elem_id="chart-conf")
                 ui.chart_race = gr.Plot(viz.make_race_figure([]), show_label=False, elem_id="chart-race")
