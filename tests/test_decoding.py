@@ -329,7 +329,7 @@ def test_run_record_filled_while_streaming_equals_the_finished_run(tiny_lm):
 
 
 def test_run_record_carries_what_the_app_shows_prompt_wall_clock_and_token_texts(tiny_lm):
-    from mars.records import RunRecord
+    from mars.core.records import RunRecord
 
     prompt = "The cat"
     ids = encode_prompt(tiny_lm.tokenizer, prompt)

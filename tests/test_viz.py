@@ -125,8 +125,8 @@ def test_standalone_page_is_complete():
 
 
 def test_tokens_per_pass_figure():
-    from mars.decoding import DecodeConfig
-    from mars.records import RunRecord
+    from mars.core.decoding import DecodeConfig
+    from mars.core.records import RunRecord
 
     fig = viz.make_tokens_per_pass_figure(RunRecord(DecodeConfig(), [1]).add(RECORDS), 4)
     bar, ar = fig.data
