@@ -24,14 +24,14 @@ import gradio as gr
 
 from mars.app import viz
 from mars.app.serving import ModelHolder, load_other, public_name
-from mars.app.session import Session, run_trace
+from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import BATCH_CSS, build_batch_tab, build_model_list
 from mars.app.inputs import (
     MAX_BLOCK, MODE_LABELS, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
     max_new_tokens_limit,
 )
-from mars.core.decoding import DecodeControl
+from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = json.loads((ROOT / "assets" / "examples.json").read_text())
@@ -96,31 +96,31 @@ class MarsApp:
 
     def _charts(self, session: Session) -> dict:
         m = session.mars
-        recs = m.records if m else []
-        block = m.settings["block_size"] if m else 4
-        ar = session.ar.records if session.ar else None
+        recs = m.steps if m else []
+        block = m.config.block_size if m else DEFAULT_BLOCK_SIZE
+        ar = session.ar.steps if session.ar else None
         return {
-            self.ui.chart_tokens: viz.make_tokens_per_pass_figure([len(r.token_ids) for r in recs], block),
+            self.ui.chart_tokens: viz.make_tokens_per_pass_figure(m, block),
             self.ui.chart_conf: viz.make_confidence_figure(recs),
             self.ui.chart_race: viz.make_race_figure(recs, ar),
         }
 
-    def _groups(self, trace) -> str:
+    def _groups(self, run) -> str:
         """A run's coloured groups; in verified mode with each pass's rejected drafts struck through."""
-        rejected = trace.rejected_texts if trace.mode == "verified" else None
-        return viz.render_groups_html(trace.records, trace.token_texts, rejected_texts=rejected)
+        texts, rejected = _texts(run)
+        return viz.render_groups_html(run.steps, texts, rejected_texts=rejected)
 
     def _stats(self, session: Session, state: str, note: str = "") -> str:
         return viz.render_stats_html(viz.live_stats(session.mars, session.ar, state, session.tau, note))
 
     def _stream_run(self, session: Session, which: str, runs, output, state: str, note):
         """The one streaming loop: after every pass, that run's groups and the stats; charts at most every
-        `self.chart_every_s`, and at the end. `which` is the session slot ("mars" or "ar") the trace goes to."""
+        `self.chart_every_s`, and at the end. `which` is the session slot ("mars" or "ar") the run goes to."""
         last_chart = time.perf_counter()
-        for trace in runs:
-            setattr(session, which, trace)
-            upd = {output: self._groups(trace), self.ui.stats: self._stats(session, state, note(trace))}
-            if trace.finished or time.perf_counter() - last_chart > self.chart_every_s:
+        for run in runs:
+            setattr(session, which, run)
+            upd = {output: self._groups(run), self.ui.stats: self._stats(session, state, note(run))}
+            if run.finished or time.perf_counter() - last_chart > self.chart_every_s:
                 upd.update(self._charts(session))
                 last_chart = time.perf_counter()
             yield upd
@@ -132,11 +132,11 @@ class MarsApp:
         folder = Path(tempfile.mkdtemp(prefix="mars-run-"))
         m, ar = session.mars, session.ar
         html_path, json_path = folder / "mars-generation.html", folder / "mars-trace.json"
-        rejected = m.rejected_texts if m.mode == "verified" else None
-        title = f"{viz.mode_name(m.mode)} generation ({public_name(lm.name)})"
-        html_path.write_text(viz.standalone_html(m.records, m.token_texts, title, m.prompt,
-                                                 viz.summary_line(m, ar), rejected), encoding="utf-8")
-        trace = {"model": self._public_model(lm), "mars": m.to_dict(), "ar": ar.to_dict() if ar else None}
+        title = f"{viz.mode_name(m.config.mode)} generation ({public_name(lm.name)})"
+        texts, rejected = _texts(m)
+        html_path.write_text(viz.standalone_html(m.steps, texts, title, m.prompt, viz.summary_line(m, ar), rejected),
+                             encoding="utf-8")
+        trace = {"model": self._public_model(lm), "mars": trace_json(m), "ar": trace_json(ar) if ar else None}
         json_path.write_text(json.dumps(trace, indent=1), encoding="utf-8")
         session.files = {"folder": str(folder)}
         return str(html_path), str(json_path)
@@ -173,6 +173,11 @@ class MarsApp:
         return banner, table, lm.trained_block_size or gr.skip(), gr.update(active=False)
 
     def set_tau(self, tau, session: Session):
+        """The slider's one handler. tau's whole path, slider to rule:
+        slider .change -> here -> Session.set_tau -> DecodeControl.tau (decoding.check_tau, the one check) ->
+        decode_steps reads control.tau before every forward pass -> the mode's plan/accept (mars.modes) ->
+        acceptance.accept_lengths. A run starts from its config's tau (DecodeConfig checks it with the same
+        check_tau), handed to the control by Session.new_control(cfg.tau) in `generate`."""
         try:
             session.set_tau(tau)
         except ValueError as e:
@@ -196,15 +201,15 @@ class MarsApp:
         try:
             mode = check_mode(mode)
             prompt = check_prompt(prompt)
-            session.set_tau(tau)
             cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, confidence))
             ar_cfg = make_config("ar", 1.0, 1, max_new_tokens, confidence)
             ids = encode_checked(lm, prompt, cfg)
         except ValueError as e:
             raise gr.Error(str(e)) from None
         compare = bool(compare) and cfg.mode != "ar"  # a model that can only run AR has nothing to compare
-        control = session.new_control()
+        control = session.new_control(cfg.tau)  # from here on the slider steers this run (set_tau)
         session.mars = session.ar = None
+        session.tokenizer = lm.tokenizer
         wait = f"waiting for the {viz.mode_name(cfg.mode)} run…" if compare else "AR comparison is off."
         yield {ui.output: viz.render_groups_html([], placeholder="…"),
                ui.output_ar: viz.render_groups_html([], placeholder=wait)}
@@ -212,11 +217,11 @@ class MarsApp:
         flags = "; ".join(notes)
         note = "; ".join(filter(None, [flags, "then the AR baseline runs on the same prompt" if compare else ""]))
         try:
-            yield from self._stream_run(session, "mars", run_trace(self.holder, lm, prompt, ids, cfg, control),
+            yield from self._stream_run(session, "mars", run_stream(self.holder, lm, prompt, ids, cfg, control),
                                         ui.output, "running", lambda t: note)
             if compare and not control.cancelled:
                 yield from self._stream_run(
-                    session, "ar", run_trace(self.holder, lm, prompt, ids, ar_cfg, control), ui.output_ar,
+                    session, "ar", run_stream(self.holder, lm, prompt, ids, ar_cfg, control), ui.output_ar,
                     "running-ar", lambda t: f"AR baseline: {t.tokens} tokens in {t.passes} passes")
         except ValueError as e:  # e.g. prompt + max new tokens longer than the model's context
             raise gr.Error(str(e)) from None
@@ -230,7 +235,7 @@ class MarsApp:
             raise
         stopped = control.cancelled
         m = session.mars
-        if m is None or not m.records:
+        if m is None or not m.steps:
             yield {ui.stats: self._stats(session, "stopped", "stopped before the first pass")}
             return
         if stopped and session.ar is None and compare:
@@ -247,23 +252,23 @@ class MarsApp:
 
     def inspect(self, index, session: Session) -> str:
         m = session.mars
-        if m is None or not m.records:
+        if m is None or not m.steps:
             return '<div class="mars-note">Generate first, then pick a pass to see its draft positions.</div>'
         i = max(0, min(int(index or 0), m.passes - 1))
-        rec = m.records[i]
-        block = m.settings["block_size"]
+        rec = m.steps[i]
+        block, mode = m.config.block_size, m.config.mode
 
         def decode(t):
-            return m.tokenizer.decode([t])
+            return session.tokenizer.decode([t])  # the run's own: the server may have loaded another model since
 
         timing = f"({rec.seconds * 1000:.0f} ms, {rec.input_len} positions in the forward input)"
-        if m.mode == "verified":
+        if mode == "verified":
             header = (f"Pass {i}: {rec.drafts_sent} drafts checked against the model's own choices, "
                       f"{len(rec.token_ids)} tokens accepted; next drafts sent at tau {rec.tau:.2f} {timing}.")
         else:
             header = f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} {timing}."
-        return viz.render_inspector_html(viz.inspector_rows(rec, decode, m.mode),
-                                         viz.chain_stop_reason(rec, block, m.mode), header)
+        return viz.render_inspector_html(viz.inspector_rows(rec, decode, mode),
+                                         viz.chain_stop_reason(rec, block, mode), header)
 
     def run_sweep(self, prompt, taus_text, block_size, max_new_tokens, confidence, session: Session):
         lm = self._lm()
@@ -276,10 +281,10 @@ class MarsApp:
             ids = encode_checked(lm, prompt, base)
         except ValueError as e:
             raise gr.Error(str(e)) from None
-        control = session.new_control(follow_tau=False)
+        control = session.new_control()  # each run keeps its own tau: the slider does not steer a sweep
         ar = session.ar
         reuse = ar is not None and ar.finished and ar.finish_reason != "cancelled" and ar.prompt == prompt \
-            and ar.settings["max_new_tokens"] == base.max_new_tokens
+            and ar.config.max_new_tokens == base.max_new_tokens
         yield {self.ui.sweep_table: '<div class="mars-note">running the AR reference, then one run per tau…</div>'}
         headers = ["tau", "passes", "tokens", "tokens/pass", "seconds", "agreement", "mean NLL"]
         keys = ["tau", "passes", "tokens", "tokens_per_pass", "seconds", "agreement", "nll"]
@@ -311,7 +316,7 @@ class MarsApp:
     # (one yield per pass) so that Gradio closes it, and the run stops within a pass, when the caller leaves:
     # a plain function would run on to max_new_tokens for nobody. Clients get the last yield.
     def api_generate(
-        self, prompt: str, tau: float = 0.9, block_size: int = 4, max_new_tokens: int = 128
+        self, prompt: str, tau: float = 0.9, block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 128
     ) -> tuple[str, dict]:
         """Generate an answer with MARS and return it with its per-pass trace.
 
@@ -327,7 +332,7 @@ class MarsApp:
         yield from self._api_run("mars", prompt, tau, block_size, max_new_tokens)
 
     def api_generate_verified(
-        self, prompt: str, block_size: int = 4, max_new_tokens: int = 128, tau: float = 0.0
+        self, prompt: str, block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 128, tau: float = 0.0
     ) -> tuple[str, dict]:
         """Generate an answer with verified (lossless) MARS: exactly AR greedy's text, in fewer passes.
 
@@ -349,10 +354,10 @@ class MarsApp:
             prompt = check_prompt(prompt)
             cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, "prob", top_k=0))
             ids = encode_checked(lm, prompt, cfg)
-            trace = None
-            for trace in run_trace(self.holder, lm, prompt, ids, cfg, control):
-                if not trace.finished:
-                    yield trace.text, {"partial": True, "forward_passes": trace.passes}
+            run = None
+            for run in run_stream(self.holder, lm, prompt, ids, cfg, control):
+                if not run.finished:
+                    yield run.text, {"partial": True, "forward_passes": run.passes}
         except ValueError as e:
             raise gr.Error(str(e)) from None
         except GeneratorExit:  # the caller went away: no further pass starts
@@ -361,7 +366,7 @@ class MarsApp:
         except Exception as e:  # the app keeps serving; the log keeps the traceback
             LOG.exception("API generation failed")
             raise gr.Error(f"The run failed: {type(e).__name__}: {e}") from None
-        yield trace.text, trace.to_dict() | {"model": public_name(lm.name), "warnings": notes}
+        yield run.text, trace_json(run) | {"model": public_name(lm.name), "warnings": notes}
 
     def mask(self, length, block_size):
         return viz.make_mask_heatmap(int(length), int(block_size))
@@ -410,7 +415,8 @@ class MarsApp:
                 with gr.Row():
                     ui.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, elem_id="tau",
                                       label="τ (live: moves the running generation)")
-                    ui.block = gr.Slider(1, MAX_BLOCK, value=4, step=1, label="block size B", elem_id="block-size")
+                    ui.block = gr.Slider(1, MAX_BLOCK, value=DEFAULT_BLOCK_SIZE, step=1, label="block size B",
+                                         elem_id="block-size")
                     ui.max_new = gr.Slider(8, max_new_tokens_limit(), value=128, step=8, label="max new tokens",
                                           elem_id="max-new-tokens")
                 ui.mode = gr.Radio(list(MODE_LABELS), value=next(iter(MODE_LABELS)), label="decoding",
@@ -440,7 +446,7 @@ class MarsApp:
                     ui.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
                     ui.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
             with gr.Column(scale=2):
-                ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure([], 4), show_label=False,
+                ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure(None, DEFAULT_BLOCK_SIZE), show_label=False,
                                          elem_id="chart-tokens")
                 ui.chart_conf = gr.Plot(viz.make_confidence_figure([]), show_label=False, elem_id="chart-conf")
                 ui.chart_race = gr.Plot(viz.make_race_figure([]), show_label=False, elem_id="chart-race")
@@ -515,6 +521,12 @@ class MarsApp:
         ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter],
                          [ui.model_message, ui.model_banner, ui.model_info, ui.block],
                          concurrency_limit=1, api_visibility="private")
+
+
+def _texts(run) -> tuple[list, list | None]:
+    """(each pass's token texts, each pass's struck-through drafts in verified mode, else None) of a run."""
+    texts = [r.token_texts for r in run.steps]
+    return texts, [r.rejected_texts for r in run.steps] if run.config.mode == "verified" else None
 
 
 def create_demo(lm_provider=None) -> gr.Blocks:

@@ -116,7 +116,7 @@ def test_tau_set_during_a_run_steers_the_next_passes(ui):
     last = None
     for last in stream:
         pass
-    taus = [r.tau for r in session.mars.core.records]
+    taus = [r.tau for r in session.mars.steps]
     assert taus[:3] == [0.9] * 3 and set(taus[3:]) == {0.05}
     assert groups(ui.inspect(0, session)) == []  # the inspector is a table, not groups
     assert json.loads(Path(last[ui.ui.download_json]["value"]).read_text())["mars"]["passes"][3]["tau"] == 0.05
@@ -150,7 +150,7 @@ def test_ar_comparison_runs_after_mars_on_the_same_core(ui, lm):
     session = Session()
     updates = list(run(ui, session, tau=1.0, compare=True))
     ar, mars = session.ar, session.mars
-    assert ar.mode == "ar" and all(len(r.token_ids) == 1 for r in ar.records)
+    assert ar.config.mode == "ar" and all(len(r.token_ids) == 1 for r in ar.steps)
     assert ar.token_ids == greedy(lm, PROMPT, "ar").token_ids
     assert mars.token_ids == ar.token_ids  # tau = 1 is exactly AR
     assert ar.started >= mars.finished  # sequential, so both timings are honest
@@ -165,21 +165,21 @@ def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
     session = Session()
     updates = list(run(ui, session, tau=0.0, max_new=40, compare=True, mode="Verified (lossless)"))
     ver, ar = session.mars, session.ar
-    assert ver.mode == "verified" and ar.mode == "ar"
+    assert ver.config.mode == "verified" and ar.config.mode == "ar"
     assert ver.token_ids == ar.token_ids == greedy(lm, PROMPT, "ar").token_ids  # lossless: exactly AR greedy
     assert ver.passes <= ar.passes
-    assert sum(r.drafts_sent for r in ver.records) > 0 and any(r.rejected_token_ids for r in ver.records)
+    assert sum(r.drafts_sent for r in ver.steps) > 0 and any(r.rejected_token_ids for r in ver.steps)
     final = updates[-1]
     html = [u for u in updates if ui.ui.output in u][-1][ui.ui.output]
     struck = html.count('<s class="mars-rejected"')
-    assert struck == sum(1 for r in ver.records if r.rejected_token_ids)
+    assert struck == sum(1 for r in ver.steps if r.rejected_token_ids)
     assert text_of(html) == ar.text == ver.text  # what copying gives: the struck drafts are not in it
     assert 'data-state="done"' in final[ui.ui.stats] and "Verified MARS:" in final[ui.ui.stats]
     page = Path(final[ui.ui.download_html]["value"]).read_text()
     assert page.count('class="mars-rejected"') >= struck
     trace = json.loads(Path(final[ui.ui.download_json]["value"]).read_text())
     assert trace["mars"]["text"] == ar.text and "rejected_texts" in trace["mars"]["passes"][0]
-    i = next(i for i, r in enumerate(ver.records) if r.rejected_token_ids)
+    i = next(i for i, r in enumerate(ver.steps) if r.rejected_token_ids)
     inspector = ui.inspect(i, session)
     assert "drafts checked" in inspector and "rejected: not the model&#x27;s choice" in inspector
     assert "differs from the model" in inspector
@@ -188,7 +188,7 @@ def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
 def test_inspector_explains_each_pass(ui):
     session = Session()
     list(run(ui, session, tau=0.05, block=4))
-    rec = session.mars.core.records[0]
+    rec = session.mars.steps[0]
     html = ui.inspect(0, session)
     assert html.count("<tr>") == 1 + 4  # header + the B proposals
     assert "AR token (0)" in html and "mask +3" in html and "chain stopped" in html

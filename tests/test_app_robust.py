@@ -254,7 +254,7 @@ def test_a_model_without_mask_token_runs_ar_and_says_so():
     for mode in (MARS, VERIFIED):
         session = Session()
         updates = list(run(ui, session, max_new=20, compare=True, mode=mode))
-        assert session.mars.mode == "ar" and session.ar is None  # nothing to compare with itself
+        assert session.mars.config.mode == "ar" and session.ar is None  # nothing to compare with itself
         assert session.mars.token_ids == expected.token_ids
         assert "no mask token" in updates[-1][ui.ui.stats] and "plain AR" in updates[-1][ui.ui.stats]
     text, trace = call_api(ui, PROMPT, 0.9, 4, 20)
@@ -377,9 +377,9 @@ def test_one_visitors_tau_never_reaches_another_run(ui, lm):
     [t.start() for t in threads]
     [t.join(timeout=120) for t in threads]
     assert not errors
-    assert 0.05 in {r.tau for r in steered.mars.core.records}
+    assert 0.05 in {r.tau for r in steered.mars.steps}
     for session, tau in list(zip(sessions, taus))[1:]:
-        assert {r.tau for r in session.mars.core.records} == {tau}
+        assert {r.tau for r in session.mars.steps} == {tau}
         assert session.mars.token_ids == alone(lm, PROMPT, tau=tau, max_new=30).token_ids
 
 

@@ -328,6 +328,25 @@ def test_run_record_filled_while_streaming_equals_the_finished_run(tiny_lm):
     assert both.batch_seconds == pytest.approx(t.batch_seconds + done[0].decode_seconds)
 
 
+def test_run_record_carries_what_the_app_shows_prompt_wall_clock_and_token_texts(tiny_lm):
+    from mars.core.records import RunRecord
+
+    prompt = "The cat"
+    ids = encode_prompt(tiny_lm.tokenizer, prompt)
+    cfg = DecodeConfig(tau=0.5, block_size=4, max_new_tokens=12)
+    run, control = RunRecord(cfg, ids, prompt=prompt), DecodeControl()
+    for rec in stream(tiny_lm, ids, cfg, control):
+        rec.token_texts = [tiny_lm.tokenizer.decode([t]) for t in rec.token_ids]
+        run.add(rec)
+        assert run.finished is None  # running: the clock still goes
+        control.cancel()  # stopped after the first pass
+    run.finish(cancelled=control.cancelled)
+    assert run.passes == 1 and run.finish_reason == "cancelled" and run.prompt == prompt
+    assert run.elapsed == run.finished - run.started >= run.decode_seconds  # frozen once finished
+    step = run.to_dict()["steps"][0]
+    assert "".join(step["token_texts"]) == tiny_lm.tokenizer.decode(run.token_ids) and "rejected_texts" not in step
+
+
 def test_config_is_checked_and_normalised_once_with_one_message_per_setting():
     from mars.core.decoding import MAX_BLOCK_SIZE, check_tau, context_needed
 

@@ -125,11 +125,15 @@ def test_standalone_page_is_complete():
 
 
 def test_tokens_per_pass_figure():
-    fig = viz.make_tokens_per_pass_figure([1, 2, 3, 4, 1], 4)
+    from mars.core.decoding import DecodeConfig
+    from mars.core.records import RunRecord
+
+    fig = viz.make_tokens_per_pass_figure(RunRecord(DecodeConfig(), [1]).add(RECORDS), 4)
     bar, ar = fig.data
     assert bar.type == "bar" and list(bar.y) == [1, 2, 3, 4, 1]
     assert ar.name.startswith("AR") and list(ar.y) == [1, 1]
     assert "mean 2.20" in fig.layout.title.text
+    assert "mean 0.00" in viz.make_tokens_per_pass_figure(None, 4).layout.title.text  # before the first run
 
 
 def test_confidence_figure_separates_ar_accepted_rejected_and_draws_tau():

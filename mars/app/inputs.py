@@ -1,17 +1,17 @@
-"""Checks of everything a visitor or an API client can send: one clear ValueError each, server-side caps.
+"""What a visitor or an API client can send, made into a run: the prompt's checks, and the server's caps.
 
-Values arrive from sliders, JSON clients and raw HTTP, so any type can show up; messages quote the value
-cut short. Caps come from the environment (MARS_MAX_NEW_TOKENS, MARS_MAX_PROMPT_TOKENS).
+Values arrive from sliders, JSON clients and raw HTTP, so any type can show up. A run's settings are checked
+by DecodeConfig and the checkers beside it (mars.core.decoding), so the app gives the core's messages; this module
+adds only the server's lower caps (MAX_BLOCK, MARS_MAX_NEW_TOKENS, MARS_MAX_PROMPT_TOKENS), with those checkers.
 """
 
 from __future__ import annotations
 
 import os
 
-from mars.core.acceptance import CONFIDENCE_MEASURES, is_finite_number
-from mars.core.decoding import DecodeConfig, encode_prompt
+from mars.core.decoding import DEFAULT_CACHE_BLOCK, DecodeConfig, check_choice, check_context, check_int, encode_prompt
 
-MAX_BLOCK = 16
+MAX_BLOCK = 16  # the block-size slider's cap on this server, below the library's MAX_BLOCK_SIZE (CPU time)
 TOP_K = 5  # candidates kept per proposal, for the pass inspector
 MODE_LABELS = {"MARS (tau rule)": "mars", "Verified (lossless)": "verified"}  # the app's modes: UI label -> core
 APP_MODES = tuple(MODE_LABELS.values())
@@ -45,32 +45,9 @@ def max_prompt_chars() -> int:
     return 16 * max_prompt_tokens()
 
 
-def check_tau(tau) -> float:
-    if not is_finite_number(tau) or not 0.0 <= float(tau) <= 1.0:
-        raise ValueError(f"tau must be a number between 0 and 1, got {_short(tau)}")
-    return float(tau)
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    given = value
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # sliders and JSON clients send 4.0 for 4
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name} must be a whole number between {lo} and {hi}, got {_short(given)}")
-    return value
-
-
-def _short(value) -> str:
-    """A client's value in a message: its repr, cut short (a client can send a megabyte)."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def check_mode(mode) -> str:
     """The app's decoding mode from a UI label or a core name ("mars", "verified")."""
-    if isinstance(mode, str) and (mode in MODE_LABELS or mode in APP_MODES):
-        return MODE_LABELS.get(mode, mode)
-    raise ValueError(f"mode must be one of {', '.join(APP_MODES)}, got {_short(mode)}")
+    return check_choice("mode", MODE_LABELS.get(mode, mode) if isinstance(mode, str) else mode, APP_MODES)
 
 
 def sanitize_text(text: str) -> str:
@@ -106,28 +83,24 @@ def encode_checked(lm, prompt: str, cfg: DecodeConfig) -> list[int]:
     if len(ids) > cap:
         raise ValueError(f"the prompt is too long: {len(ids)} tokens with the chat template, at most {cap} "
                          "on this server")
-    context = getattr(lm.model.config, "max_position_embeddings", None)
-    if context and len(ids) + cfg.max_new_tokens + 2 * cfg.block_size > context:  # the decoder's own bound
-        raise ValueError(f"the prompt ({len(ids)} tokens) plus max new tokens ({cfg.max_new_tokens}) does not fit "
-                         f"this model's context of {context} tokens: shorten the prompt or lower max new tokens")
+    check_context(lm.model, len(ids), cfg)
     return ids
 
 
 def make_config(
-    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K, cache_block=32,
-    verify_groups: str = "last",
+    mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K,
+    cache_block=DEFAULT_CACHE_BLOCK, verify_groups: str = "last",
 ) -> DecodeConfig:
-    """A DecodeConfig from UI or API values, with messages a visitor can act on (ValueError).
+    """A DecodeConfig from UI or API values (ValueError with the core's message). DecodeConfig checks every
+    setting; this server only caps two lower than the library, with the same checker.
     verify_groups: verified mode's default is one mask group after all drafts, the fastest on a CPU."""
-    if not isinstance(confidence, str) or confidence not in CONFIDENCE_MEASURES:
-        raise ValueError(f"confidence must be one of {', '.join(CONFIDENCE_MEASURES)}, got {_short(confidence)}")
     return DecodeConfig(
         mode=mode,
-        block_size=_check_int("block size", block_size, 1, MAX_BLOCK),
-        tau=check_tau(tau),
+        block_size=check_int("block size", block_size, 1, MAX_BLOCK),
+        tau=tau,
         confidence=confidence,
-        max_new_tokens=_check_int("max new tokens", max_new_tokens, 1, max_new_tokens_limit()),
-        cache_block=_check_int("cache block", cache_block, 1, 4096),
+        max_new_tokens=check_int("max new tokens", max_new_tokens, 1, max_new_tokens_limit()),
+        cache_block=cache_block,
         top_k=top_k,
         verify_groups=verify_groups,
     )

@@ -1,89 +1,13 @@
-"""A visitor's session (their live tau, their run's control, their last traces) and the trace of one run."""
+"""A visitor's session (their live tau, their run's control, their last runs) and how a run streams to it."""
 
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from mars.app.inputs import check_tau
-from mars.core.decoding import DecodeConfig, DecodeControl, PassRecord
-
-
-@dataclass
-class Trace:
-    """One run (MARS or AR) as it happens: its pass records, token texts and timings."""
-
-    mode: str
-    prompt: str
-    prompt_ids: list[int]
-    settings: dict
-    records: list[PassRecord] = field(default_factory=list)
-    token_texts: list[list[str]] = field(default_factory=list)  # per record, each accepted token's text
-    rejected_texts: list[list[str]] = field(default_factory=list)  # per record, each rejected proposal's text
-    started: float = field(default_factory=time.perf_counter)
-    finished: float | None = None
-    finish_reason: str | None = None
-    tokenizer: object = field(default=None, repr=False)  # the run's own, for the inspector
-
-    def add(self, rec: PassRecord, tokenizer):
-        self.tokenizer = tokenizer
-        self.records.append(rec)
-        self.token_texts.append([tokenizer.decode([t]) for t in rec.token_ids])
-        self.rejected_texts.append(_pieces(tokenizer, rec.rejected_token_ids))
-        self.finish_reason = rec.finish_reason or self.finish_reason
-
-    @property
-    def token_ids(self) -> list[int]:
-        return [t for r in self.records for t in r.token_ids]
-
-    @property
-    def text(self) -> str:
-        return "".join(r.text for r in self.records)
-
-    @property
-    def passes(self) -> int:
-        return len(self.records)
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(r.token_ids) for r in self.records)
-
-    @property
-    def decode_seconds(self) -> float:
-        return sum(r.seconds for r in self.records)
-
-    @property
-    def elapsed(self) -> float:
-        return (self.finished or time.perf_counter()) - self.started
-
-    @property
-    def tokens_per_pass(self) -> float:
-        return self.tokens / max(1, self.passes)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    def to_dict(self) -> dict:
-        return {
-            "mode": self.mode,
-            "prompt": self.prompt,
-            "settings": self.settings,
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "forward_passes": self.passes,
-            "tokens": self.tokens,
-            "tokens_per_pass": self.tokens_per_pass,
-            "decode_seconds": self.decode_seconds,
-            "finish_reason": self.finish_reason,
-            "passes": [
-                {k: v for k, v in r.to_dict().items() if k != "row" and (k != "candidates" or v)}
-                | {"token_texts": tt, "rejected_texts": rt}
-                for r, tt, rt in zip(self.records, self.token_texts, self.rejected_texts)
-            ],
-        }
+from mars.core.decoding import DecodeConfig, DecodeControl, check_tau
+from mars.core.records import RunRecord
 
 
 def _pieces(tokenizer, ids: list[int]) -> list[str]:
@@ -102,42 +26,55 @@ def settings_of(cfg: DecodeConfig) -> dict:
             "max_new_tokens": cfg.max_new_tokens, "confidence": cfg.confidence}
 
 
-def run_trace(holder, lm, prompt: str, prompt_ids, cfg, control) -> Iterator[Trace]:
-    """Yield the growing trace after every pass; the final trace carries finish time and reason."""
-    trace = Trace(cfg.mode, prompt, list(prompt_ids), settings_of(cfg))
+def run_stream(holder, lm, prompt: str, prompt_ids, cfg, control) -> Iterator[RunRecord]:
+    """Yield the growing run record after every pass (each pass's token texts filled in for the view);
+    the last yield is the finished record."""
+    run = RunRecord(cfg, list(prompt_ids), prompt=prompt)
     for rec in holder.passes(lm, prompt_ids, cfg, control):
-        trace.add(rec, lm.tokenizer)
-        yield trace
-    trace.finished = time.perf_counter()
-    if control.cancelled and trace.finish_reason is None:
-        trace.finish_reason = "cancelled"
-    yield trace
+        rec.token_texts = [lm.tokenizer.decode([t]) for t in rec.token_ids]
+        rec.rejected_texts = _pieces(lm.tokenizer, rec.rejected_token_ids)
+        yield run.add(rec)
+    yield run.finish(cancelled=control.cancelled)
+
+
+def trace_json(run: RunRecord) -> dict:
+    """A run as the app's API and trace download give it: RunRecord.to_dict under the app's historical keys
+    (`forward_passes` the count, `passes` the records; clients read them), plus the mode, prompt and settings."""
+    d = run.to_dict()
+    return {"mode": run.config.mode, "prompt": run.prompt, "settings": settings_of(run.config),
+            "forward_passes": d.pop("passes"), "passes": d.pop("steps")} | d
 
 
 @dataclass
 class Session:
-    """One visitor's state (lives in a gr.State): their live tau, their run's control, their last traces."""
+    """One visitor's state (lives in a gr.State): their live tau, their run's control, their last runs."""
 
     tau: float = 0.9
     control: DecodeControl | None = None
-    mars: Trace | None = None
-    ar: Trace | None = None
+    mars: RunRecord | None = None
+    ar: RunRecord | None = None
+    tokenizer: object = field(default=None, repr=False)  # the last run's own, for the inspector
     files: dict = field(default_factory=dict)
 
     follow_tau: bool = True  # False while a sweep runs: its tau values are fixed per run
 
-    def new_control(self, follow_tau: bool = True) -> DecodeControl:
+    def new_control(self, tau: float | None = None) -> DecodeControl:
+        """The control of a new run. With tau (the run's config's, already checked) the run follows the
+        visitor's slider from there on; without, each run keeps its config's tau (a sweep)."""
         if self.control is not None:
             self.control.cancel()  # a new run supersedes an old one still going
-        self.follow_tau = follow_tau
-        self.control = DecodeControl(self.tau if follow_tau else None)
+        self.follow_tau = tau is not None
+        self.tau = self.tau if tau is None else tau
+        self.control = DecodeControl(tau)
         return self.control
 
     def set_tau(self, tau) -> None:
-        tau = check_tau(tau)
-        self.tau = tau
+        """The visitor's tau, and the running generation's; checked once, by the core's check_tau."""
         if self.control is not None and self.follow_tau:
-            self.control.tau = tau  # read by the decoder before its next forward pass
+            self.control.tau = tau  # checked there; the decoder reads it before its next forward pass
+            self.tau = self.control.tau
+        else:
+            self.tau = check_tau(tau)  # no run follows the slider now: the next run starts from it
 
     def stop(self) -> None:
         if self.control is not None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from mars.app.inputs import check_tau
-from mars.core.decoding import DecodeConfig, DecodeControl
+from mars.core.decoding import DecodeConfig, DecodeControl, check_tau
+from mars.core.records import RunRecord
 
 
 def parse_taus(text: str) -> list[float]:
@@ -26,22 +26,20 @@ def sweep(holder, lm, prompt_ids: list[int], base: DecodeConfig, taus: list[floa
     exact-prefix agreement, and the AR model's mean NLL of each text."""
     from mars.evaluation.quality import mean_nll, prefix_agreement
 
-    def run(cfg):
-        recs = list(holder.passes(lm, prompt_ids, cfg, control))
-        return [t for r in recs for t in r.token_ids], recs
+    def run(cfg) -> RunRecord:
+        return RunRecord(cfg, list(prompt_ids)).add(holder.passes(lm, prompt_ids, cfg, control))
 
     if reference is None:
-        reference, _ = run(replace(base, mode="ar"))
+        reference = run(replace(base, mode="ar")).token_ids
     rows: list[dict] = []
     for tau in taus:
         if control.cancelled:
             return
-        ids, recs = run(replace(base, mode="mars", tau=tau))
-        if control.cancelled or not ids:
+        r = run(replace(base, mode="mars", tau=tau))
+        if control.cancelled or not r.tokens:
             return
         with holder.pass_lock:
-            nll = mean_nll(lm, prompt_ids, ids)
-        rows.append({"tau": tau, "passes": len(recs), "tokens": len(ids), "tokens_per_pass": len(ids) / len(recs),
-                     "seconds": sum(r.seconds for r in recs), "agreement": prefix_agreement(reference, ids),
-                     "nll": nll})
+            nll = mean_nll(lm, prompt_ids, r.token_ids)
+        rows.append({"tau": tau, "passes": r.passes, "tokens": r.tokens, "tokens_per_pass": r.tokens_per_pass,
+                     "seconds": r.decode_seconds, "agreement": prefix_agreement(reference, r.token_ids), "nll": nll})
         yield list(rows)

@@ -250,8 +250,8 @@ def mode_name(mode: str) -> str:
 
 
 def summary_line(mars, ar=None) -> str:
-    """One sentence on a finished run (a session Trace) and its AR baseline."""
-    s = (f"{mode_name(mars.mode)}: {mars.tokens} tokens in {mars.passes} forward passes "
+    """One sentence on a finished run (a RunRecord) and its AR baseline."""
+    s = (f"{mode_name(mars.config.mode)}: {mars.tokens} tokens in {mars.passes} forward passes "
          f"({mars.tokens_per_pass:.2f} tokens/pass), "
          f"{mars.decode_seconds:.2f} s of decoding")
     if ar is not None and ar.finished:
@@ -355,10 +355,12 @@ def _two_panels(left_title: str, right_title: str, gap: float = 0.12) -> dict:
     )
 
 
-def make_tokens_per_pass_figure(sizes: Sequence[int], block_size: int) -> go.Figure:
-    """Tokens accepted by each forward pass, with AR's constant 1 token per pass for reference."""
+def make_tokens_per_pass_figure(run, block_size: int) -> go.Figure:
+    """Tokens accepted by each forward pass of a run (a RunRecord; None: an empty chart), with AR's constant
+    1 token per pass for reference; the title's mean is the run's own tokens_per_pass."""
+    sizes = [len(s.token_ids) for s in run.steps] if run is not None else []
+    mean = run.tokens_per_pass if run is not None else 0.0
     passes = list(range(len(sizes)))
-    mean = sum(sizes) / len(sizes) if sizes else 0.0
     traces = [
         go.Bar(x=passes, y=list(sizes), name="MARS", marker_color=MARS_COLOR,
                hovertemplate="pass %{x}: %{y} tokens<extra></extra>"),

@@ -13,6 +13,7 @@ files are read by mars.evaluation.plots and the scripts, and stored results must
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterable
@@ -38,12 +39,18 @@ class PassRecord:
     input_len: int  # positions per row in this pass's forward input
     finish_reason: str | None = None  # "eos", "stop", "length", "cancelled" on the row's last pass
     candidates: list[list[tuple[int, float]]] | None = None  # top-k (id, prob) per proposal
+    # each accepted token's text and each rejected proposal's, filled by callers that show tokens one by one
+    # (the app): the decoder joins a pass's text once and has no use for the pieces
+    token_texts: list[str] | None = None
+    rejected_texts: list[str] | None = None
     drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
     draft_source: str | None = None  # verified: where the drafts sent came from, "mars" or "lookup"
 
     def to_dict(self) -> dict:
-        """For a run's JSON: the row is the run's own, and empty candidates (top_k = 0) say nothing."""
-        return {k: v for k, v in asdict(self).items() if k != "row" and (k != "candidates" or v)}
+        """For a run's JSON: the row is the run's own, empty candidates (top_k = 0) and texts never filled
+        say nothing."""
+        return {k: v for k, v in asdict(self).items()
+                if k != "row" and (k != "candidates" or v) and not (k.endswith("_texts") and v is None)}
 
 
 @dataclass
@@ -62,6 +69,10 @@ class RunRecord:
     # the ids at the end, which also settles a multi-byte character split across two passes
     text: str = ""
     finish_reason: str | None = None  # "eos", "stop", "length", "cancelled"; None while running
+    prompt: str = ""  # the prompt's text, where the caller has it (the app shows it and reuses a run by it)
+    # wall clock of the whole run, waits for other visitors' passes included (decode_seconds counts the passes)
+    started: float = field(default_factory=time.perf_counter, repr=False)
+    finished: float | None = field(default=None, repr=False)  # set by `finish`; None while running
 
     def add(self, records: PassRecord | Iterable[PassRecord]) -> "RunRecord":
         for rec in [records] if isinstance(records, PassRecord) else records:
@@ -71,9 +82,20 @@ class RunRecord:
             self.finish_reason = rec.finish_reason or self.finish_reason
         return self
 
+    def finish(self, cancelled: bool = False) -> "RunRecord":
+        """The run is over: its wall clock stops, and a run stopped before its last pass says so."""
+        self.finished = time.perf_counter()
+        if cancelled and self.finish_reason is None:
+            self.finish_reason = "cancelled"
+        return self
+
     @property
     def passes(self) -> int:
         return len(self.steps)
+
+    @property
+    def elapsed(self) -> float:
+        return (self.finished or time.perf_counter()) - self.started
 
     @property
     def tokens(self) -> int:
