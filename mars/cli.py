@@ -149,7 +149,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_calibrate(args) -> int:
-    import dataclasses
     import shutil
 
     import torch

@@ -85,7 +85,7 @@ def test_stop_ends_the_batch_and_skips_the_comparison(tiny_lm):
 
 def test_paper_checkpoint_loader_installs_or_explains(tiny_lm, monkeypatch):
     installed, seen = [], []
-    monkeypatch.setattr(app_tabs, "load_checkpoint",
+    monkeypatch.setattr(tabs, "load_checkpoint",
                         lambda hub_id, progress: (progress(1.0, "loaded"), (tiny_lm, f"Loaded {hub_id}."))[1])
     load = tabs.make_model_loader(installed.append)
     html = load("Xalphinions/MARS-Qwen2.5-0.5B-blk4", lambda f, desc: seen.append((f, desc)))
@@ -97,6 +97,6 @@ def test_paper_checkpoint_loader_installs_or_explains(tiny_lm, monkeypatch):
 
     html = tabs.make_model_loader(broken)("x", lambda f, desc: None)
     assert "Could not run tiny-llama: RuntimeError: first pass failed" in html and "mars-banner" in html
-    monkeypatch.setattr(app_tabs, "load_checkpoint", lambda hub_id, progress: (None, "<b>cannot</b> be reached"))
+    monkeypatch.setattr(tabs, "load_checkpoint", lambda hub_id, progress: (None, "<b>cannot</b> be reached"))
     html = tabs.make_model_loader(installed.append)("x", lambda f, desc: None)
     assert "&lt;b&gt;cannot&lt;/b&gt; be reached" in html and len(installed) == 1

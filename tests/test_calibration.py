@@ -1,10 +1,7 @@
 """Draft calibration (issue 13 item 4): per-mask-index temperatures, fitted on held-out teacher-forced
 drafts, recorded in mars.json, applied to every mask proposal's confidence (never to the AR token)."""
 
-import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
