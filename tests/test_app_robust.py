@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import socket
 import threading
 import time
 import urllib.request
@@ -21,6 +20,7 @@ import httpx
 import pytest
 
 import app as app_module
+from conftest import free_port, serve
 from mars.app import serving
 from mars.app.serving import default_provider
 from mars.app.session import Session
@@ -38,19 +38,6 @@ def call_api(ui, *args):
     """What an API client gets: the endpoint is a generator (one yield per pass), the client the last yield."""
     *_, last = ui.api_generate(*args)
     return last
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(provider):
-    demo = app_module.create_demo(provider)
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    return demo, f"http://127.0.0.1:{port}/"
 
 
 @pytest.fixture(scope="module")
@@ -292,7 +279,7 @@ def test_a_failed_load_leaves_the_app_up_with_one_clear_message():
 
 
 def test_a_failed_load_over_http():
-    demo, url = serve(lambda: (_ for _ in ()).throw(LoadError("model folder '/x' does not exist")))
+    demo, url = serve(lambda: (_ for _ in ()).throw(LoadError("model folder '/x' does not exist")), load_first=False)
     try:
         with urllib.request.urlopen(url, timeout=10) as r:
             assert r.status == 200
