@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 import app as app_module
-from conftest import free_port, serve
+from conftest import serve
 from mars.app import serving
 from mars.app.serving import default_provider
 from mars.app.session import Session
@@ -392,24 +392,28 @@ def test_closing_the_stream_stops_the_decoder_and_the_next_run_is_clean(monkeypa
     assert session2.mars.token_ids == alone(lm, PROMPT, max_new=20).token_ids
 
 
+def join_and_leave(demo, url, api_name: str, data: list, calls: list) -> int:
+    """The browser's own protocol for one event: join the queue, read the stream until 8 passes have run,
+    hang up (as closing the tab, or a client going away, does). Returns the passes run by then."""
+    dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == api_name)
+    session = f"leaver-{api_name}"
+    body = {"data": data, "fn_index": dep["id"], "session_hash": session, "event_data": None,
+            "trigger_id": dep["targets"][0][0] if dep.get("targets") and api_name.startswith("ui_") else None}
+    assert httpx.post(f"{url}gradio_api/queue/join", json=body, timeout=10).status_code == 200
+    with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": session}, timeout=30) as resp:
+        for line in resp.iter_lines():
+            if '"process_generating"' in line and calls[0] >= 8:
+                break  # leaving the block closes the connection
+    return calls[0]
+
+
 def test_a_visitor_who_leaves_mid_run_frees_the_model_within_a_pass(monkeypatch):
     """The browser's own protocol: join the queue for the UI's Generate event, read a few passes, hang up."""
     lm = endless(make_loaded())
     calls = counting(monkeypatch, delay=0.05)
     demo, url = serve(lambda: lm)
     try:
-        demo.mars_app.holder.get()
-        dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == "ui_generate")
-        data = [PROMPT, 0.9, 4, 400, "prob", False, MARS, None]
-        body = {"data": data, "fn_index": dep["id"], "session_hash": "leaver", "event_data": None,
-                "trigger_id": dep["targets"][0][0]}
-        assert httpx.post(f"{url}gradio_api/queue/join", json=body, timeout=10).status_code == 200
-        with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": "leaver"},
-                          timeout=30) as resp:
-            for line in resp.iter_lines():
-                if '"process_generating"' in line and calls[0] >= 8:
-                    break  # leaving the block closes the connection, as closing the tab does
-        at = calls[0]
+        at = join_and_leave(demo, url, "ui_generate", [PROMPT, 0.9, 4, 400, "prob", False, MARS, None], calls)
         assert at >= 8
         time.sleep(1.5)  # 30 passes' worth at 50 ms a pass
         assert calls[0] - at <= 1
@@ -426,17 +430,7 @@ def test_an_api_caller_who_leaves_frees_the_model_within_a_pass(monkeypatch):
     calls = counting(monkeypatch, delay=0.05)
     demo, url = serve(lambda: lm)
     try:
-        demo.mars_app.holder.get()
-        dep = next(d for d in demo.config["dependencies"] if d.get("api_name") == "generate")
-        body = {"data": [PROMPT, 0.9, 4, 400], "fn_index": dep["id"], "session_hash": "api-leaver",
-                "event_data": None, "trigger_id": None}
-        assert httpx.post(f"{url}gradio_api/queue/join", json=body, timeout=10).status_code == 200
-        with httpx.stream("GET", f"{url}gradio_api/queue/data", params={"session_hash": "api-leaver"},
-                          timeout=30) as resp:
-            for line in resp.iter_lines():
-                if '"process_generating"' in line and calls[0] >= 8:
-                    break  # the client goes away
-        at = calls[0]
+        at = join_and_leave(demo, url, "generate", [PROMPT, 0.9, 4, 400], calls)
         assert 8 <= at < 40  # left mid-run, far from the 400-token cap
         time.sleep(1.5)  # 30 passes' worth at 50 ms a pass
         assert calls[0] - at <= 1
