@@ -216,9 +216,9 @@ def handler_race(demo, prompt: str, max_new: int) -> dict:
         pass
     m, a = session.mars, session.ar
     return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
-            "mars_pass_ms": median_ms([r.seconds for r in m.records]),
+            "mars_pass_ms": median_ms([r.seconds for r in m.steps]),
             "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,
-            "ar_pass_ms": median_ms([r.seconds for r in a.records])}
+            "ar_pass_ms": median_ms([r.seconds for r in a.steps])}
 
 
 # ------------------------------------------------------------------------------------------------ the bench
