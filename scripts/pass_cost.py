@@ -24,8 +24,7 @@ from pathlib import Path
 
 import torch
 
-
-from mars.core.backends import FastBackend, HFBackend  # noqa: E402
+from mars.core.backends import FastBackend, HFBackend
 
 
 class Floor:
