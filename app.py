@@ -73,8 +73,10 @@ UNTRAINED = ("No MARS adapter is merged into this model. Unless the checkpoint i
              "The machinery shown here is real; the gains need a trained model.")
 LOADING = '<div class="mars-note" data-model="loading">Loading and warming up the model… Generate waits for it.</div>'
 VERIFIED_INFO = ("Verified: the model checks last pass's drafts itself, so the text is exactly AR's; struck-through "
-                 "text = drafts it rejected. In verified mode τ only chooses which drafts are sent to be checked "
-                 "(0 = all, the fastest), never what is accepted.")
+                 "text = drafts it rejected. Each pass's drafts come from the mask positions or are copied from "
+                 "the prompt and text so far (n-gram lookup), whichever is likelier to be accepted; the pass "
+                 "inspector says which. In verified mode τ only chooses which mask drafts are sent to be "
+                 "checked (0 = all, the fastest), never what is accepted.")
 
 
 class MarsApp:
@@ -263,7 +265,9 @@ class MarsApp:
 
         timing = f"({rec.seconds * 1000:.0f} ms, {rec.input_len} positions in the forward input)"
         if mode == "verified":
-            header = (f"Pass {i}: {rec.drafts_sent} drafts checked against the model's own choices, "
+            source = {"mars": " (from the mask positions)", "lookup": " (copied from the text: n-gram lookup)"}
+            header = (f"Pass {i}: {rec.drafts_sent} drafts{source.get(rec.draft_source, '')} checked against "
+                      "the model's own choices, "
                       f"{len(rec.token_ids)} tokens accepted; next drafts sent at tau {rec.tau:.2f} {timing}.")
         else:
             header = f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} {timing}."

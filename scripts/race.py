@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import socket
 import statistics
 import sys
 import threading
@@ -36,12 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def median_ms(seconds: list[float]) -> float:
@@ -72,8 +65,9 @@ class PassLog:
 
 # ------------------------------------------------------------------------------------------------- the app
 def start_app():
-    sys.path.insert(0, str(ROOT))
     import app
+
+    from mars.app.serving import free_port
 
     demo = app.create_demo()
     log = PassLog(demo.mars_app.holder)

@@ -40,13 +40,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ.get("MARS_THREADS", "1")))
-    import importlib.util
-
+    import app
     from mars.app.session import Session
-
-    spec = importlib.util.spec_from_file_location("app", ROOT / "app.py")  # the Space's entry file, not a package
-    app = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(app)
 
     prompts = [e["prompt"] for e in json.loads((ROOT / "assets" / "examples.json").read_text())]
     ui = app.create_demo().mars_app

@@ -6,12 +6,12 @@ the package); `tiny` sits beside this file, which pytest's default import mode p
 
 import importlib.util
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
 import tiny
+from mars.app.serving import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,13 +92,6 @@ def load_script():
 CHROMIUM = "/usr/bin/chromium"  # Debian's; scripts/test.sh installs it where missing
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve(provider, load_first: bool = True):

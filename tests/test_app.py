@@ -20,7 +20,7 @@ import gradio as gr
 import pytest
 
 import app as app_module
-from conftest import free_port
+from mars.app.serving import free_port
 from mars.app.serving import load_other
 from mars.app.session import Session
 from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
@@ -351,3 +351,21 @@ def test_python_app_py_honours_server_name_and_port(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_verified_mode_drafts_from_two_sources_and_the_inspector_says_which(ui, lm):
+    """The app's lossless mode takes each pass's drafts from the masks or from n-gram lookup in the text,
+    stays exactly AR's text, and the pass inspector names the source of a pass's drafts."""
+    session = Session()
+    prompt = "repeat after me: red green blue red green blue red green blue red green blue"
+    for _ in ui.generate(prompt, 0.0, 4, 40, "prob", False, "Verified (lossless)", session):
+        pass
+    run = session.mars
+    assert run.config.mode == "verified" and run.config.drafts == "both"
+    ids = encode_prompt(lm.tokenizer, prompt)
+    ar = generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=40))[0]
+    assert run.token_ids == ar.token_ids
+    sources = {s.draft_source for s in run.steps}
+    assert "lookup" in sources  # the tiny model repeats itself: copies fire
+    i = next(k for k, s in enumerate(run.steps) if s.draft_source == "lookup")
+    assert "copied from the text" in ui.inspect(i, session)

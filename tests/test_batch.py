@@ -238,7 +238,7 @@ def test_a_row_waiting_now_is_marked_idle(batch):
     row = Tags(batch_viz.render_batch_html(state)).having("mars-row")[0]
     assert row["data-state"] == "idle" and row["data-idle"] == "2"
     marker = Tags(batch_viz.render_batch_html(state)).having("mars-idle")[0]
-    assert marker["data-count"] == "2" and marker["data-label"] == "⏸2"
+    assert marker["data-count"] == "2" and marker["data-label"] == "‖2"
     assert ".mars-idle::before { content: attr(data-label); }" in batch_viz.BATCH_CSS
 
 

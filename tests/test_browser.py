@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from conftest import free_port, save_screenshot, serve
+from conftest import save_screenshot, serve
+from mars.app.serving import free_port
 
 
 _SLOWED: dict[int, float] = {}  # id(model) -> extra seconds per pass

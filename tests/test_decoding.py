@@ -236,7 +236,7 @@ def test_default_model_batch_equals_alone_and_cached_equals_uncached(default_lm)
 
 
 @pytest.mark.parametrize("cache_block", [2, 3, 4, 5, 7])
-def test_batch_stays_exact_when_rows_run_ahead_by_verified_extras(tiny_lm, monkeypatch, cache_block):
+def test_batch_stays_exact_when_rows_run_ahead_by_verified_drafts(tiny_lm, monkeypatch, cache_block):
     """Rows idle at the cache-block end while another row's verified extras carry it past that end: the
     commit must still leave every row a token to feed (a bench at batch 4 once cut rows short this way).
     An oracle Jacobi guesses 0-3 of the true next tokens per pass, varying by row and step, so rows run
@@ -252,7 +252,7 @@ def test_batch_stays_exact_when_rows_run_ahead_by_verified_extras(tiny_lm, monke
             k = len(row.generated)
             good = (7 * row.index + 3 * k) % 4  # how many of the guesses are right this pass
             guesses = ar[row.index][k:k + good]
-            return decoding.RowPlan(extra=guesses + [tiny_lm.tokenizer.pad_token_id or 0] * (3 - len(guesses)))
+            return decoding.RowPlan(to_verify=guesses + [tiny_lm.tokenizer.pad_token_id or 0] * (3 - len(guesses)))
 
     monkeypatch.setattr(decoding, "make_mode", lambda cfg, lm=None: OracleJacobi())
     cfg = DecodeConfig(mode="jacobi", block_size=4, max_new_tokens=40, cache_block=cache_block)

@@ -45,7 +45,7 @@ def _idle_marker(passes: list[int]) -> str:
     """A stretch of idle passes. Its label is drawn from an attribute by CSS, so the row's text (what a
     reader copies) stays the answer alone."""
     n = len(passes)
-    label = f"⏸{n}" if n > 1 else "⏸"
+    label = f"‖{n}" if n > 1 else "‖"
     span = f"pass {passes[0]}" if n == 1 else f"passes {passes[0]}–{passes[-1]}"
     title = f"idle for {n} pass{'es' if n != 1 else ''} ({span}): waiting at the cache-block end for the other rows"
     return (f'<span class="mars-idle" data-passes="{" ".join(map(str, passes))}" data-count="{n}" '
@@ -98,7 +98,7 @@ def render_batch_html(state, placeholder: str = "") -> str:
 
 def render_batch_legend_html() -> str:
     return (viz.render_legend_html()
-            + '<div class="mars-legend"><span class="mars-idle" data-label="⏸3"></span><span>a row idling for that '
+            + '<div class="mars-legend"><span class="mars-idle" data-label="‖3"></span><span>a row idling for that '
               "many passes at a cache-block end, until every row has filled the block (the paper's Figure 4)</span>"
               "</div>")
 
@@ -146,8 +146,12 @@ def make_batch_timeline_figure(state, axis: str = "time") -> go.Figure:
     title = (f"Batch of {len(rows)}: {state.batch_passes} passes, {totals.tokens} tokens "
              f"({totals.tokens_per_batch_pass:.2f} per pass)") if rows else "Batch: passes on a shared time axis"
     x_title = "seconds of decoding (shared by all rows)" if axis == "time" else "pass (shared by all rows)"
-    return viz._figure(traces, title, height=max(220, 90 + 34 * len(rows)), barmode="overlay", bargap=0.25,
-                       margin=dict(l=50, r=15, t=40, b=90),
+    height = max(240, 110 + 34 * len(rows))
+    plot_px = height - 40 - 110  # the plot area between the margins below
+    # the legend goes under the x axis title at a fixed distance in pixels: legend y is in plot fractions
+    legend = dict(orientation="h", yanchor="top", y=-62 / plot_px, xanchor="center", x=0.5, font=dict(size=11))
+    return viz._figure(traces, title, height=height, barmode="overlay", bargap=0.25, legend=legend,
+                       margin=dict(l=50, r=15, t=40, b=110),
                        xaxis=dict(title=dict(text=x_title), rangemode="tozero"),
                        yaxis=dict(categoryorder="array", categoryarray=labels[::-1], title=dict(text="row")))
 

@@ -93,7 +93,9 @@ def make_config(
 ) -> DecodeConfig:
     """A DecodeConfig from UI or API values (ValueError with the core's message). DecodeConfig checks every
     setting; this server only caps two lower than the library, with the same checker.
-    verify_groups: verified mode's default is one mask group after all drafts, the fastest on a CPU."""
+    Verified mode runs at its best lossless setting: one mask group after all drafts (the fastest on a CPU),
+    and each pass's drafts from the masks or copied from the text (n-gram lookup), whichever is expected to
+    be accepted more (mars.core.modes.prefer_lookup); the inspector says which."""
     return DecodeConfig(
         mode=mode,
         block_size=check_int("block size", block_size, 1, MAX_BLOCK),
@@ -103,6 +105,7 @@ def make_config(
         cache_block=cache_block,
         top_k=top_k,
         verify_groups=verify_groups,
+        drafts="both" if mode == "verified" else "mars",
     )
 
 

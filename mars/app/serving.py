@@ -200,3 +200,13 @@ def public_name(name: str | None) -> str | None:
     if path.is_absolute() or name.startswith((".", "~")) or path.exists():
         return path.name or name
     return name  # a Hub id (owner/name)
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now: for a local server started by a test or a script
+    (the load test, the race), never for the Space itself (it serves on GRADIO_SERVER_PORT)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

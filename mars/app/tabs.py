@@ -141,7 +141,7 @@ def build_batch_tab(get_lm: Callable[[], object], pass_lock=None, concurrency_li
     session = gr.State(BatchSession(), delete_callback=BatchSession.close)
     gr.Markdown(f"Up to {MAX_BATCH} prompts decoded **as one batch** on the block-level KV cache (the paper's "
                 "Figure 4). Rows accept different numbers of tokens per pass; a row that reaches the end of the "
-                "current cache block **idles** (⏸) until every row has filled it. Afterwards the same prompts run "
+                "current cache block **idles** (‖) until every row has filled it. Afterwards the same prompts run "
                 "one at a time and as AR at the same batch size: every number below is measured.")
     with gr.Row():
         c.prompts = gr.Textbox(EXAMPLE_PROMPTS, label=f"Prompts, one per line (1 to {MAX_BATCH})", lines=5,

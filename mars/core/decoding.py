@@ -268,7 +268,7 @@ def decode_steps(
             main = logits[i, [at[k] for k in w.main_reads]]
             groups = [logits[i, [at[k] for k in g]] for g in w.group_reads]
             res = mode.accept(r, plan, main, groups, cfg, tau, gen)
-            valid[i] += res.verified_extra
+            valid[i] += res.n_verified
             records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1]))
 
         # 4. commit: keep the KV every row computed from real inputs; finished rows leave the batch
@@ -315,7 +315,7 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
         input_len=width,
         finish_reason=reason,
         candidates=cands,
-        drafts_sent=len(plan.extra),
+        drafts_sent=len(plan.to_verify),
         draft_source=plan.source,
     )
 
@@ -342,7 +342,7 @@ def _window(row: _Row, plan: RowPlan | None, start: int, mask_id: int | None) ->
     """
     F = row.frontier
     lo = max(start, row.pad)
-    extra = plan.extra if plan else []
+    extra = plan.to_verify if plan else []
     groups = plan.groups if plan else []
     n_pad, n_real = lo - start, F - lo
     if plan and n_pad + n_real < 1:

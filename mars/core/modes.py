@@ -33,10 +33,11 @@ DRAFT_SOURCES = ("mars", "lookup", "both")  # verified mode: where the drafts of
 
 @dataclass
 class RowPlan:
-    extra: list[int] = field(default_factory=list)  # fed as real tokens right after the row's real tokens
+    # drafts or guesses fed as real tokens right after the row's real tokens, for the AR logits to check
+    to_verify: list[int] = field(default_factory=list)
     groups: list[tuple[int, int]] = field(default_factory=list)  # (j, n): n masks that see the first j extras
-    source: str | None = None  # where the extras came from: "mars", "lookup" (verified), None (no drafts)
-    extra_conf: list[float] | None = None  # the drafts' own confidences, where their source has them
+    source: str | None = None  # where to_verify came from: "mars", "lookup" (verified), None (no drafts)
+    to_verify_conf: list[float] | None = None  # the drafts' own confidences, where their source has them
 
 
 @dataclass
@@ -45,7 +46,7 @@ class Outcome:
     confidences: list[float]
     rejected: list[int]  # proposals or drafts not accepted
     rejected_confidences: list[float]
-    verified_extra: int = 0  # leading extras that were accepted: their KV (computed as real inputs) is valid
+    n_verified: int = 0  # leading to_verify tokens that were accepted: their KV (computed as real inputs) is valid
     proposal_logits: torch.Tensor | None = None  # (n, V): the logits behind the record's candidates
 
 
@@ -98,25 +99,25 @@ class VerifiedMode:
             source = None
         # pure lookup needs no masks: it is prompt-lookup decoding on this core, and works without a mask token
         if n < 1 or self.drafts == "lookup":
-            return RowPlan(extra=drafts, source=source, extra_conf=conf)
+            return RowPlan(to_verify=drafts, source=source, to_verify_conf=conf)
         k = len(drafts)
         js = range(k + 1) if self.groups == "all" else [k]
-        return RowPlan(extra=drafts, groups=[(j, n) for j in js], source=source, extra_conf=conf)
+        return RowPlan(to_verify=drafts, groups=[(j, n) for j in js], source=source, to_verify_conf=conf)
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
-        drafts = plan.extra
+        drafts = plan.to_verify
         ar_tok, ar_conf = choose_and_score(main, "prob")  # greedy: the AR model's own choice after each input
         ar_tok, ar_conf = ar_tok.tolist(), ar_conf.tolist()
         m = 0
         while m < len(drafts) and drafts[m] == ar_tok[m]:
             m += 1
-        if plan.extra_conf is not None:
-            rejected_conf = plan.extra_conf[m:]
+        if plan.to_verify_conf is not None:
+            rejected_conf = plan.to_verify_conf[m:]
         else:  # copied drafts have no confidence of their own: report the verifying model's probability of each
             probs = torch.softmax(main[m:len(drafts)].float(), dim=-1)
             rejected_conf = probs.gather(-1, torch.tensor(drafts[m:], dtype=torch.long)[:, None])[:, 0].tolist()
         out = Outcome(drafts[:m] + [ar_tok[m]], ar_conf[: m + 1], drafts[m:], rejected_conf,
-                      verified_extra=m, proposal_logits=main)
+                      n_verified=m, proposal_logits=main)
         # next drafts: the group that saw exactly the accepted drafts proposes what follows the AR token
         row.drafts, row.draft_conf = [], []
         idx = [j for j, _ in plan.groups]
@@ -158,18 +159,18 @@ class JacobiMode:
         n = cfg.block_size - 1
         guesses = list(row.drafts)[:n]
         guesses += [row.tokens[-1]] * (n - len(guesses))  # start from copies of the last token
-        return RowPlan(extra=guesses)
+        return RowPlan(to_verify=guesses)
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         pred, conf = choose_and_score(main, "prob")
         pred, conf = pred.tolist(), conf.tolist()
-        g = plan.extra
+        g = plan.to_verify
         m = 0
         while m < len(g) and g[m] == pred[m]:
             m += 1
         row.drafts = pred[m + 1:]  # the unverified predictions are the next guesses
         row.draft_conf = conf[m + 1:]
-        return Outcome(pred[: m + 1], conf[: m + 1], g[m:], [], verified_extra=m, proposal_logits=main)
+        return Outcome(pred[: m + 1], conf[: m + 1], g[m:], [], n_verified=m, proposal_logits=main)
 
 
 MODES = {m.name: m for m in (MarsMode, ARMode, VerifiedMode, JacobiMode)}  # the registry: DecodeConfig, CLI

@@ -160,7 +160,7 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
     return outs, rows, RunTotals(runs=len(outs), tokens=sum(len(o) for o in outs), passes=sum(rows))
 
 
-def _core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
+def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
     from mars.core.decoding import DecodeConfig, generate_ids
 
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))
@@ -208,7 +208,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         def call(method, tau, batch):
             if method in ("hf", "lookup"):
                 return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
-            return _core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend)
+            return _run_on_the_core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend)
 
         for method, tau in plan:
             call(method, tau, batches[0][:1])  # warm-up
