@@ -205,6 +205,29 @@ def test_verified_mode_strikes_rejected_drafts_and_writes_what_ar_writes(browser
     page.close()
 
 
+def test_race_is_measured_from_both_runs_and_verified_mode_defaults_to_tau_0(browser, tiny_server):
+    """Issue 15 item 2 in the page: the race's speed-up is the two runs' measured decode seconds per token (as
+    in the trace download), and choosing the lossless mode moves tau to its best setting, 0 (send every draft)."""
+    import json
+
+    page = open_app(browser, tiny_server)
+    page.fill("#prompt textarea", "what is the capital of france ?")
+    set_number(page, "max-new-tokens", 16)
+    assert page.is_checked("#compare-ar input")  # "then run AR" is on by default
+    page.locator("#mode").get_by_text("Verified (lossless)").click()
+    page.wait_for_function("document.querySelector('#tau input[type=number]').value == '0'", timeout=10_000)
+    press_generate(page)
+    page.wait_for_selector('#stats [data-state="done"]', timeout=120_000)
+    shown = page.locator("#stats .mars-tile b").nth(5).inner_text()  # the "speed-up vs AR (measured)" tile
+    with page.expect_download() as got:
+        page.click("#download-json")
+    trace = json.loads(open(got.value.path()).read())
+    m, a = trace["mars"], trace["ar"]
+    expected = (a["decode_seconds"] / a["tokens"]) / (m["decode_seconds"] / m["tokens"])
+    assert shown == f"{expected:.2f}×" and m["config"]["tau"] == 0.0 and m["config"]["drafts"] == "both"
+    page.close()
+
+
 def test_large_font_switch(browser, tiny_server):
     page = open_app(browser, tiny_server)
     size = "getComputedStyle(document.querySelector('#output .mars-text')).fontSize"
