@@ -52,7 +52,8 @@ def test_cli_verified_mode_defaults_to_its_fastest_lossless_setting(tiny_dir):
                       "--mode", mode)
         assert out.returncode == 0, out.stderr
         obj = json.loads(out.stdout.splitlines()[0])
-        assert obj["tau"] == tau and all(step["tau"] == tau for step in obj["steps"])
+        assert obj["config"]["tau"] == tau and all(step["tau"] == tau for step in obj["steps"])
+        assert mode != "verified" or obj["config"]["verify_groups"] == "last"
     help_text = run_cli("generate", "--help").stdout
     assert "verified" in help_text and "the text is AR's whatever tau" in " ".join(help_text.split())
 
