@@ -117,7 +117,7 @@ def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
     notes = []
     if cfg.mode != "ar" and lm.mask_token_id is None:
         notes.append("this model has no mask token, so it cannot draft: the run is plain AR, one token per pass")
-        return replace(cfg, mode="ar", block_size=1), notes
+        return replace(cfg, mode="ar", block_size=1, drafts="mars"), notes
     trained = lm.trained_block_size
     if cfg.mode != "ar" and trained and cfg.block_size > trained:
         notes.append(f"block size {cfg.block_size} is larger than the {trained} this model was trained with: "
