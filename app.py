@@ -361,7 +361,7 @@ class MarsApp:
             run = None
             for run in run_stream(self.holder, lm, prompt, ids, cfg, control):
                 if not run.finished:
-                    yield run.text, {"partial": True, "forward_passes": run.passes}
+                    yield run.text, {"partial": True, "passes": run.passes}
         except ValueError as e:
             raise gr.Error(str(e)) from None
         except GeneratorExit:  # the caller went away: no further pass starts

@@ -112,10 +112,10 @@ def finish_generate(page, timeout_s: float = 900) -> dict:
 
 def race_row(trace: dict) -> dict:
     m, a = trace["mars"], trace["ar"] or {}
-    row = {"mars_tokens": m["tokens"], "mars_passes": m["forward_passes"], "mars_s": m["decode_seconds"],
-           "mars_pass_ms": median_ms([p["seconds"] for p in m["passes"]]),
-           "ar_tokens": a.get("tokens", 0), "ar_passes": a.get("forward_passes", 0), "ar_s": a.get("decode_seconds", 0.0),
-           "ar_pass_ms": median_ms([p["seconds"] for p in a.get("passes", [])])}
+    row = {"mars_tokens": m["tokens"], "mars_passes": m["passes"], "mars_s": m["decode_seconds"],
+           "mars_pass_ms": median_ms([p["seconds"] for p in m["steps"]]),
+           "ar_tokens": a.get("tokens", 0), "ar_passes": a.get("passes", 0), "ar_s": a.get("decode_seconds", 0.0),
+           "ar_pass_ms": median_ms([p["seconds"] for p in a.get("steps", [])])}
     return row
 
 

@@ -119,7 +119,7 @@ def test_tau_set_during_a_run_steers_the_next_passes(ui):
     taus = [r.tau for r in session.mars.steps]
     assert taus[:3] == [0.9] * 3 and set(taus[3:]) == {0.05}
     assert groups(ui.inspect(0, session)) == []  # the inspector is a table, not groups
-    assert json.loads(Path(last[ui.ui.download_json]["value"]).read_text())["mars"]["passes"][3]["tau"] == 0.05
+    assert json.loads(Path(last[ui.ui.download_json]["value"]).read_text())["mars"]["steps"][3]["tau"] == 0.05
 
 
 def test_tau_of_one_session_does_not_touch_another(ui):
@@ -179,7 +179,7 @@ def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
     page = Path(final[ui.ui.download_html]["value"]).read_text()
     assert page.count('class="mars-rejected"') >= struck
     trace = json.loads(Path(final[ui.ui.download_json]["value"]).read_text())
-    assert trace["mars"]["text"] == ar.text and "rejected_texts" in trace["mars"]["passes"][0]
+    assert trace["mars"]["text"] == ar.text and "rejected_texts" in trace["mars"]["steps"][0]
     i = next(i for i, r in enumerate(ver.steps) if r.rejected_token_ids)
     inspector = ui.inspect(i, session)
     assert "checked against the model" in inspector and "rejected: not the model&#x27;s choice" in inspector
@@ -205,7 +205,7 @@ def test_downloads_are_standalone_and_escaped(ui):
     page = Path(final[ui.ui.download_html]["value"]).read_text()
     assert page.startswith("<!DOCTYPE html>") and "<script>alert" not in page and "<img" not in page
     trace = json.loads(Path(final[ui.ui.download_json]["value"]).read_text())
-    assert trace["mars"]["prompt"] == prompt and trace["mars"]["passes"][0]["token_ids"]
+    assert trace["mars"]["prompt"] == prompt and trace["mars"]["steps"][0]["token_ids"]
 
 
 def test_clear_resets_outputs_and_stops(ui):
@@ -233,8 +233,8 @@ def test_sweep_compares_each_tau_with_ar(ui):
 def test_api_returns_text_and_trace(ui, lm):
     text, trace = call_api(ui, PROMPT, 0.5, 4, 30)
     assert text == greedy(lm, PROMPT, "mars", tau=0.5, max_new=30).text == trace["text"]
-    assert trace["forward_passes"] == len(trace["passes"]) > 0
-    first = trace["passes"][0]
+    assert trace["passes"] == len(trace["steps"]) > 0
+    first = trace["steps"][0]
     keys = {"pass_index", "token_ids", "token_texts", "confidences", "rejected_confidences", "tau", "seconds"}
     assert keys <= set(first)
     json.dumps(trace)  # plain JSON all the way down
@@ -322,7 +322,7 @@ def test_public_api_over_http_and_bad_input_keeps_serving(lm):
         with pytest.raises(Exception, match="tau"):
             client.predict(PROMPT, "high", 4, 20, api_name="/generate")
         text, trace = client.predict(PROMPT, 0.5, 4, 20, api_name="/generate")  # still serving
-        assert text == greedy(lm, PROMPT, "mars", tau=0.5, max_new=20).text and trace["passes"]
+        assert text == greedy(lm, PROMPT, "mars", tau=0.5, max_new=20).text and trace["steps"]
         text, trace = client.predict(PROMPT, 4, 20, api_name="/generate_verified")  # verified: exactly AR's text
         assert text == greedy(lm, PROMPT, "ar", tau=1.0, max_new=20).text
         assert trace["mode"] == "verified" and trace["settings"]["tau"] == 0.0

@@ -38,11 +38,9 @@ def run_stream(holder, lm, prompt: str, prompt_ids, cfg, control) -> Iterator[Ru
 
 
 def trace_json(run: RunRecord) -> dict:
-    """A run as the app's API and trace download give it: RunRecord.to_dict under the app's historical keys
-    (`forward_passes` the count, `passes` the records; clients read them), plus the mode, prompt and settings."""
-    d = run.to_dict()
-    return {"mode": run.config.mode, "prompt": run.prompt, "settings": settings_of(run.config),
-            "forward_passes": d.pop("passes"), "passes": d.pop("steps")} | d
+    """A run as the app's API and trace download give it: RunRecord.to_dict (the project's one vocabulary:
+    `passes` the count, `steps` one record per pass), plus the mode, prompt and settings."""
+    return {"mode": run.config.mode, "prompt": run.prompt, "settings": settings_of(run.config)} | run.to_dict()
 
 
 @dataclass
