@@ -60,6 +60,6 @@ for d in sorted(p for p in out.iterdir() if (p / "eval.json").is_file()):
     ev = json.loads((d / "eval.json").read_text()); meta = json.loads((d / "mars.json").read_text())
     acc = ev["draft_accuracy"]["accuracy_by_distance"]; dec = {r["tau"]: r for r in ev["decoding"]}
     print(f"| {d.name} | {meta['train_seconds']/60:.0f} | {meta['sequences']} | {acc.get('2', 0):.2f} | {acc.get('3', 0):.2f} "
-          f"| {ev['draft_accuracy']['est_tokens_per_pass']:.2f} | {dec[0.9]['tokens_per_forward']:.3f} | {dec[0.7]['tokens_per_forward']:.3f} "
+          f"| {ev['draft_accuracy']['est_tokens_per_pass']:.2f} | {dec[0.9].get('tokens_per_pass', dec[0.9].get('tokens_per_forward')):.3f} | {dec[0.7].get('tokens_per_pass', dec[0.7].get('tokens_per_forward')):.3f} "
           f"| {dec[0.9]['mean_nll_under_ar']:.3f} | {dec[0.9].get('known_answer_accuracy', 0):.2f} |")
 EOF

@@ -18,6 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
+from mars.core.records import stored
+
 
 QUALITY = ("mean_nll_under_ar", "mean_nll_under_bare", "known_answer_accuracy")
 
@@ -34,7 +36,7 @@ def build(points: list[tuple[str, str, float]], decoding: dict[str, str], previo
                "accuracy_by_distance": {str(k): v for k, v in da["accuracy_by_distance"].items()}}
         if name in decoding:
             dec = json.loads(Path(decoding[name]).read_text())["decoding"]
-            row["tokens_per_forward"] = {f"{r['tau']:g}": r["tokens_per_forward"] for r in dec if r["tau"] < 1.0}
+            row["tokens_per_pass"] = {f"{r['tau']:g}": stored(r, "tokens_per_pass") for r in dec if r["tau"] < 1.0}
             # what those tokens cost: more tokens per forward is no gain if the text got worse
             row["quality"] = {f"{r['tau']:g}": {k: r.get(k) for k in QUALITY} for r in dec}
         out.append(row)
@@ -58,7 +60,7 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['name']:<12}{r['cpu_hours']:6.2f} h  est {r['est_tokens_per_pass']:.3f}  "
               + "  ".join(f"d{d} {a:.3f}" for d, a in r["accuracy_by_distance"].items())
-              + "".join(f"  tau {t}: {v:.3f}" for t, v in r.get("tokens_per_forward", {}).items()))
+              + "".join(f"  tau {t}: {v:.3f}" for t, v in stored(r, "tokens_per_pass", {}).items()))
     return 0
 
 

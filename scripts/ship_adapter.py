@@ -14,6 +14,8 @@ import json
 import shutil
 from pathlib import Path
 
+from mars.core.records import stored
+
 ROOT = Path(__file__).resolve().parent.parent
 DEST = ROOT / "assets" / "mars-adapter"
 MAX_MB = 25
@@ -25,7 +27,7 @@ def table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
     for r in rows:
         cells = []
         for key, _, fmt in cols:
-            v = r.get(key)
+            v = stored(r, key)  # an evaluation written before the vocabulary was unified reads the same
             cells.append("-" if v is None else (fmt % v if fmt else str(v)))
         body += "| " + " | ".join(cells) + " |\n"
     return head + body
@@ -36,10 +38,10 @@ def curve_section(points: list[dict]) -> str:
     and what tau 0.9 costs in quality where decoding was measured (NLL ratio to the own AR text, known answers)."""
     from mars.evaluation.plots import nll_cost
 
-    taus = sorted({t for p in points for t in p.get("tokens_per_forward", {})}, reverse=True)
+    taus = sorted({t for p in points for t in stored(p, "tokens_per_pass", {})}, reverse=True)
     rows = [{"name": p["name"], "h": p["cpu_hours"], "est": p["est_tokens_per_pass"],
              **{f"d{d}": a for d, a in p["accuracy_by_distance"].items()},
-             **{f"t{t}": p.get("tokens_per_forward", {}).get(t) for t in taus},
+             **{f"t{t}": stored(p, "tokens_per_pass", {}).get(t) for t in taus},
              "ratio": nll_cost(p, "0.9"), "known": p.get("quality", {}).get("0.9", {}).get("known_answer_accuracy")}
             for p in points]
     dists = sorted({d for p in points for d in p["accuracy_by_distance"]}, key=int)
@@ -89,7 +91,7 @@ def main() -> int:
                     help="run folders of the earlier pieces this run continued, oldest first (for the loss curve)")
     ap.add_argument("--curve", default=None,
                     help="JSON list of points {name, cpu_hours, est_tokens_per_pass, accuracy_by_distance, "
-                         "tokens_per_forward: {tau: value}} (acceptance against training CPU-hours)")
+                         "tokens_per_pass: {tau: value}} (acceptance against training CPU-hours)")
     ap.add_argument("--dest", default=str(DEST), help="where the adapter goes (default assets/mars-adapter)")
     ap.add_argument("--extra", default=None, help="markdown appended before the limits (speed, notes)")
     ap.add_argument("--limits", default=None, help="markdown list of this checkpoint's own limits")
@@ -114,7 +116,7 @@ def main() -> int:
     total = meta.get("total") or with_history(meta, None)["total"]  # a run in one piece: its own totals
     pieces = len(meta.get("history", [])) + 1
     da = ev["draft_accuracy"]
-    dec_cols = [("tau", "tau", "%.2f"), ("tokens_per_forward", "tokens/forward", "%.3f"),
+    dec_cols = [("tau", "tau", "%.2f"), ("tokens_per_pass", "tokens/forward", "%.3f"),
                 ("exact_match_with_tau1", "exact = tau 1", "%.2f"), ("prefix_match_with_tau1", "prefix = tau 1", "%.2f"),
                 ("mean_nll_under_ar", "NLL (self, AR)", "%.3f"), ("mean_nll_under_bare", "NLL (bare)", "%.3f"),
                 ("prefix_match_with_bare", "prefix = bare greedy", "%.2f"), ("known_answer_accuracy", "known answers", "%.2f")]

@@ -75,9 +75,9 @@ def test_bench_runs_all_methods_side_by_side(tiny_lm, tmp_path):
                 r.method == "mars" and r.tau == 1.0):
             assert r.exact_match_with_ar == 1.0, r  # all greedy-exact methods agree with AR
         if r.method == "ar":
-            assert r.speedup_vs_ar == 1.0 and r.tokens_per_forward == 1.0
+            assert r.speedup_vs_ar == 1.0 and r.tokens_per_pass == 1.0
     fast = [r for r in runs if r.method == "mars" and r.tau == 0.0]
-    assert all(r.tokens_per_forward > 1.0 for r in fast)
+    assert all(r.tokens_per_pass > 1.0 for r in fast)
     assert "mars" in format_table(runs)
 
 
@@ -96,7 +96,7 @@ def test_bench_interrupted_keeps_whole_batches(tiny_lm):
     runs = run_bench(tiny_lm, cfg, progress=progress, status=status)
     assert status == {"interrupted": True, "finished": {1: 1}, "total": 3}
     assert [(r.method, r.batch_size, r.prompts) for r in runs] == [("ar", 1, 1), ("mars", 1, 1)]
-    assert all(r.interrupted and len(r.row_forwards) == 1 for r in runs)
+    assert all(r.interrupted and len(r.row_passes) == 1 for r in runs)
     with pytest.raises(KeyboardInterrupt):  # nothing finished: nothing to report
         run_bench(tiny_lm, cfg, progress=lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
 
@@ -107,12 +107,12 @@ def test_compare_rows_counts_wins_per_kind():
     def run(method, tau, tpf):  # one token per forward scaled: rows of 12 tokens
         outs = [[0] * 12 for _ in tpf]
         return Run(method, tau, 1, len(tpf), 12 * len(tpf), 0, 1.0, 1.0, 1.0, outputs=outs,
-                   row_forwards=[round(12 / x) for x in tpf])
+                   row_passes=[round(12 / x) for x in tpf])
 
     runs = [run("mars", 0.9, [1.5, 1.0, 1.2, 2.0]), run("lookup", None, [1.0, 1.0, 2.0, 3.0])]
     rows = compare_rows(runs, ("mars", 0.9), ("lookup", None), ["facts", "facts", "rewrite", "rewrite"])
     assert [(r["kind"], r["a_wins"], r["b_wins"], r["ties"]) for r in rows] == [("facts", 1, 0, 1), ("rewrite", 0, 2, 0)]
-    assert rows[0]["a_tok_per_fwd"] == pytest.approx(1.25) and rows[1]["b_tok_per_fwd"] == pytest.approx(2.5)
+    assert rows[0]["a_tokens_per_pass"] == pytest.approx(1.25) and rows[1]["b_tokens_per_pass"] == pytest.approx(2.5)
     assert compare_rows(runs, ("mars", 0.9), ("lookup", None))[0]["prompts"] == 4  # no kinds: one row
     assert compare_rows(runs, ("mars", 0.5), ("lookup", None)) == []
     assert "rewrite" in format_compare(rows, "mars", "lookup")
@@ -123,12 +123,12 @@ def test_by_kind_reports_each_kind_against_ar():
 
     def run(method, tau, forwards, seconds):  # 4 prompts of 12 tokens each, at batch 1
         return Run(method, tau, 1, 4, 48, sum(forwards), 1.0, sum(seconds), 1.0, outputs=[[0] * 12] * 4,
-                   row_forwards=forwards, batch_seconds=seconds)
+                   row_passes=forwards, batch_seconds=seconds)
 
     runs = [run("ar", None, [12] * 4, [1.0, 1.0, 2.0, 2.0]),
             run("verified_both", 0.0, [6, 12, 4, 4], [0.5, 1.5, 1.0, 1.0])]
     rows = by_kind(runs, ["facts", "facts", "rewrite", "rewrite"])
-    got = {(r["kind"], r["method"]): (round(r["tok_per_fwd"], 3), round(r["vs_ar"], 3)) for r in rows}
+    got = {(r["kind"], r["method"]): (round(r["tokens_per_pass"], 3), round(r["vs_ar"], 3)) for r in rows}
     assert got == {("facts", "ar"): (1.0, 1.0), ("rewrite", "ar"): (1.0, 1.0),
                    ("facts", "verified_both"): (1.333, 1.0), ("rewrite", "verified_both"): (3.0, 2.0)}
     text = format_by_kind(rows)
@@ -161,11 +161,11 @@ def test_cli_bench_and_eval_write_json(tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     data = json.loads(out.read_text())
     assert {"model", "block_size", "machine", "runs"} <= set(data) and data["backend"] == "hf"
-    need = {"method", "tau", "batch_size", "prompts", "new_tokens", "forwards", "tokens_per_forward", "wall_s",
+    need = {"method", "tau", "batch_size", "prompts", "new_tokens", "passes", "tokens_per_pass", "wall_s",
             "tokens_per_s", "speedup_vs_ar", "exact_match_with_ar", "prefix_match_with_ar", "mean_nll_under_ar",
             "peak_rss_mb"}
     assert all(need <= set(run) for run in data["runs"])
-    assert all(len(run["row_forwards"]) == len(run["row_new_tokens"]) == 2 for run in data["runs"])
+    assert all(len(run["row_passes"]) == len(run["row_new_tokens"]) == 2 for run in data["runs"])
     assert "lookup wins" in r.stdout  # where prompt lookup wins and loses against MARS
 
 
@@ -182,18 +182,18 @@ def test_report_plots_are_written(tmp_path):
     from mars.evaluation.plots import bench_png, calibration_png, curve_png, loss_png, pareto_png
 
     data = {"model": "m", "adapter": None, "runs": [
-        {"method": "mars", "tau": t, "batch_size": bs, "tokens_per_forward": 1 + (1 - t), "speedup_vs_ar": 1 + (1 - t) / 2}
+        {"method": "mars", "tau": t, "batch_size": bs, "tokens_per_pass": 1 + (1 - t), "speedup_vs_ar": 1 + (1 - t) / 2}
         for t in (1.0, 0.9, 0.5) for bs in (1, 4)] + [
-        {"method": "jacobi", "tau": None, "batch_size": 1, "tokens_per_forward": 1.02, "speedup_vs_ar": 0.8}]}
+        {"method": "jacobi", "tau": None, "batch_size": 1, "tokens_per_pass": 1.02, "speedup_vs_ar": 0.8}]}
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps({"seconds": 60 * i, "noisy": 5 - i / 10, "clean": 1 - i / 100}) + "\n"
                            for i in range(10)))
-    report = {"decoding": [{"tau": 1.0, "tokens_per_forward": 1.0, "mean_nll_under_ar": 0.5},
-                           {"tau": 0.5, "tokens_per_forward": 1.4, "mean_nll_under_ar": 0.7}],
+    report = {"decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.5},
+                           {"tau": 0.5, "tokens_per_pass": 1.4, "mean_nll_under_ar": 0.7}],
               "draft_accuracy": {"calibration": [{"confidence": 0.2, "accuracy": 0.1, "count": 5},
                                                  {"confidence": 0.9, "accuracy": 0.8, "count": 2}]}}
     points = [{"cpu_hours": h, "est_tokens_per_pass": 1 + h / 10, "accuracy_by_distance": {"2": h / 10, "3": h / 20},
-               "tokens_per_forward": {"0.9": 1 + h / 50} if h > 1 else {}} for h in (0.5, 1.5, 3.0)]
+               "tokens_per_pass": {"0.9": 1 + h / 50} if h > 1 else {}} for h in (0.5, 1.5, 3.0)]
     for p in (curve_png(points, tmp_path / "c.png"), loss_png([log, log], tmp_path / "l2.png")):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
     # points with decoding quality get a third panel (NLL ratio against the own AR text)
@@ -220,9 +220,9 @@ def test_decoding_eval_rows_and_drift_control(tiny_lm):
     answers = [tiny_lm.tokenizer.decode(r.token_ids[:2]) for r in ar]  # known answers the model gets at tau 1
     rows = decoding_eval(tiny_lm, other, prompts, [0.0], 4, 8, known=(prompts, answers))
     one, zero = rows
-    assert one["tau"] == 1.0 and one["tokens_per_forward"] == 1.0 and one["exact_match_with_tau1"] == 1.0
+    assert one["tau"] == 1.0 and one["tokens_per_pass"] == 1.0 and one["exact_match_with_tau1"] == 1.0
     assert one["histogram"] == {1: one["tokens"]} and one["known_answer_accuracy"] == 1.0
-    assert zero["tokens_per_forward"] > 1.0 and sum(k * v for k, v in zero["histogram"].items()) == zero["tokens"]
+    assert zero["tokens_per_pass"] > 1.0 and sum(k * v for k, v in zero["histogram"].items()) == zero["tokens"]
     bare_ar = generate_ids(other, prompts, DecodeConfig(mode="ar", max_new_tokens=8))
     want = sum(prefix_match(b.token_ids, a.token_ids) for a, b in zip(ar, bare_ar)) / 3
     assert one["prefix_match_with_bare"] == pytest.approx(want) and want < 1.0

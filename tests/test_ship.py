@@ -75,7 +75,7 @@ def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path, l
         {"tau": 0.9, "tokens_per_forward": 1.05, "mean_nll_under_ar": 0.4, "known_answer_accuracy": 0.2}]}))
     rows = build([("b", tf("b", 100, 1.4), 2.0), ("a", tf("a", 100, 1.3), 1.0)], {"b": str(dec)})
     assert [r["name"] for r in rows] == ["a", "b"]  # by CPU-hours
-    assert rows[1]["tokens_per_forward"] == {"0.9": 1.05} and "tokens_per_forward" not in rows[0]
+    assert rows[1]["tokens_per_pass"] == {"0.9": 1.05} and "tokens_per_pass" not in rows[0]  # read from old keys
     q = rows[1]["quality"]  # tau 1.0 kept as the reference the others are judged against
     assert q["1"]["mean_nll_under_ar"] == 0.25 and q["0.9"]["known_answer_accuracy"] == 0.2
     assert q["0.9"]["mean_nll_under_bare"] is None and "quality" not in rows[0]

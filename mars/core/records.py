@@ -7,8 +7,9 @@ Vocabulary, the same for the app, the CLI, the benchmark, the evaluation and the
   tokens_per_pass tokens / passes: the speed-up over AR in passes (AR = 1.0)
   decode_seconds  wall time of the passes (a batch's pass time is shared by its rows)
   batch pass      one forward call, counted once however many rows it served (batch_passes, batch_seconds)
-The benchmark and evaluation JSON files keep their historical keys (`forwards`, `tokens_per_forward`): those
-files are read by mars.evaluation.plots and the scripts, and stored results must stay readable.
+The benchmark and evaluation JSON files use the same words. Files written before 2026-12-03 said
+`forwards` and `tokens_per_forward`; `stored` reads either, so stored results (the adapter card's curve)
+stay readable.
 """
 
 from __future__ import annotations
@@ -179,3 +180,10 @@ class RunTotals:
     def tokens_per_second(self) -> float:
         """Tokens per second of wall time (the forward calls')."""
         return self.tokens / self.batch_seconds if self.batch_seconds > 0 else 0.0
+
+
+def stored(row: dict, key: str, default=None):
+    """A figure from a stored JSON row under its current name, or its name in files written before the
+    vocabulary was unified ("passes" was "forwards", "tokens_per_pass" was "tokens_per_forward")."""
+    old = {"passes": "forwards", "tokens_per_pass": "tokens_per_forward", "row_passes": "row_forwards"}
+    return row.get(key, row.get(old.get(key, key), default))

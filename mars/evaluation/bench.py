@@ -64,8 +64,8 @@ class Run:
     batch_size: int
     prompts: int
     new_tokens: int
-    forwards: int
-    tokens_per_forward: float
+    passes: int
+    tokens_per_pass: float
     wall_s: float
     tokens_per_s: float
     speedup_vs_ar: float | None = None
@@ -74,14 +74,14 @@ class Run:
     mean_nll_under_ar: float | None = None
     peak_rss_mb: float = 0.0
     input_per_pass: float | None = None  # forward-input positions per pass (the window width), core methods
-    row_forwards: list[int] = field(default_factory=list)  # per prompt: the passes its row took
+    row_passes: list[int] = field(default_factory=list)  # per prompt: the passes its row took
     batch_seconds: list[float] = field(default_factory=list)  # per batch: its wall time (per prompt at batch 1)
     interrupted: bool = False  # the run stopped early: only the batches every method finished are counted
     outputs: list[list[int]] = field(default_factory=list, repr=False)
 
     @property
-    def row_tokens_per_forward(self) -> list[float]:
-        return [len(o) / max(1, f) for o, f in zip(self.outputs, self.row_forwards)]
+    def row_tokens_per_pass(self) -> list[float]:
+        return [len(o) / max(1, f) for o, f in zip(self.outputs, self.row_passes)]
 
 
 def read_prompts(path: str | Path, with_kinds: bool = False):
@@ -256,7 +256,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
                 prefix_match_with_ar=sum(prefix_match(a, b) for a, b in zip(ar, outs)) / n_done,
                 mean_nll_under_ar=sum(nll) / max(1, len(nll)), peak_rss_mb=rss, outputs=outs,
                 input_per_pass=t.input_per_pass,
-                row_forwards=forwards[key], batch_seconds=batch_wall[key], interrupted=interrupted,
+                row_passes=forwards[key], batch_seconds=batch_wall[key], interrupted=interrupted,
             ))
         if interrupted:
             break
@@ -264,14 +264,14 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
 
 
 def format_table(runs: list[Run]) -> str:
-    head = f"{'method':<14}{'tau':>6}{'batch':>6}{'tokens':>8}{'fwd':>7}{'tok/fwd':>9}{'wall s':>9}{'tok/s':>8}" \
+    head = f"{'method':<14}{'tau':>6}{'batch':>6}{'tokens':>8}{'passes':>7}{'tok/pass':>9}{'wall s':>9}{'tok/s':>8}" \
            f"{'vs ar':>7}{'exact':>7}{'prefix':>8}{'nll':>7}{'in/pass':>8}"
     lines = [head, "-" * len(head)]
     for r in runs:
         f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
         lines.append(
-            f"{r.method:<14}{f(r.tau, '%.2f'):>6}{r.batch_size:>6}{r.new_tokens:>8}{r.forwards:>7}"
-            f"{r.tokens_per_forward:>9.2f}{r.wall_s:>9.2f}{r.tokens_per_s:>8.1f}{f(r.speedup_vs_ar, '%.2fx'):>7}"
+            f"{r.method:<14}{f(r.tau, '%.2f'):>6}{r.batch_size:>6}{r.new_tokens:>8}{r.passes:>7}"
+            f"{r.tokens_per_pass:>9.2f}{r.wall_s:>9.2f}{r.tokens_per_s:>8.1f}{f(r.speedup_vs_ar, '%.2fx'):>7}"
             f"{f(r.exact_match_with_ar, '%.2f'):>7}{f(r.prefix_match_with_ar, '%.2f'):>8}{f(r.mean_nll_under_ar, '%.3f'):>7}"
             f"{f(r.input_per_pass, '%.1f'):>8}"
         )
@@ -283,12 +283,12 @@ def compare_rows(runs: list[Run], a: tuple[str, float | None], b: tuple[str, flo
     """Where method a wins and loses against method b, prompt by prompt (tokens per forward of each row).
 
     Returns one row per prompt kind (kind None: all prompts together when no kinds are known):
-    {kind, prompts, a_wins, b_wins, ties, a_tok_per_fwd, b_tok_per_fwd} with the kind's mean tokens/forward.
+    {kind, prompts, a_wins, b_wins, ties, a_tokens_per_pass, b_tokens_per_pass} with the kind's mean tokens per pass.
     """
     pick = {(r.method, r.tau): r for r in runs if r.batch_size == batch_size}
     if a not in pick or b not in pick:
         return []
-    ra, rb = pick[a].row_tokens_per_forward, pick[b].row_tokens_per_forward
+    ra, rb = pick[a].row_tokens_per_pass, pick[b].row_tokens_per_pass
     kinds = list(kinds or [])[: len(ra)] + [None] * max(0, len(ra) - len(kinds or []))
     rows = []
     for kind in sorted(set(kinds), key=lambda k: (k is None, k or "")):
@@ -298,7 +298,7 @@ def compare_rows(runs: list[Run], a: tuple[str, float | None], b: tuple[str, flo
                      "a_wins": sum(x > y + 1e-9 for x, y in zip(xa, xb)),
                      "b_wins": sum(y > x + 1e-9 for x, y in zip(xa, xb)),
                      "ties": sum(abs(x - y) <= 1e-9 for x, y in zip(xa, xb)),
-                     "a_tok_per_fwd": sum(xa) / len(xa), "b_tok_per_fwd": sum(xb) / len(xb)})
+                     "a_tokens_per_pass": sum(xa) / len(xa), "b_tokens_per_pass": sum(xb) / len(xb)})
     return rows
 
 
@@ -307,13 +307,13 @@ def format_compare(rows: list[dict], a: str, b: str) -> str:
     lines = [f"tokens per forward, prompt by prompt ({a} against {b}):", head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['kind'] or 'all':<14}{r['prompts']:>8}{r['a_wins']:>14}{r['b_wins']:>14}{r['ties']:>6}"
-                     f"{r['a_tok_per_fwd']:>12.2f}{r['b_tok_per_fwd']:>12.2f}")
+                     f"{r['a_tokens_per_pass']:>12.2f}{r['b_tokens_per_pass']:>12.2f}")
     return "\n".join(lines)
 
 
 def by_kind(runs: list[Run], kinds: list[str | None], batch_size: int = 1) -> list[dict]:
     """Per prompt kind and method (batch 1: one prompt per batch): tokens per forward and wall time against
-    core AR on the same prompts. Returns rows {kind, method, tau, prompts, tok_per_fwd, wall_s, vs_ar}."""
+    core AR on the same prompts. Returns rows {kind, method, tau, prompts, tokens_per_pass, wall_s, vs_ar}."""
     if batch_size != 1:
         raise ValueError("per-kind wall time needs one prompt per batch")
     runs = [r for r in runs if r.batch_size == 1]
@@ -328,7 +328,7 @@ def by_kind(runs: list[Run], kinds: list[str | None], batch_size: int = 1) -> li
             new = sum(len(r.outputs[i]) for i in idx)
             wall = sum(r.batch_seconds[i] for i in idx)
             rows.append({"kind": kind, "method": r.method, "tau": r.tau, "prompts": len(idx),
-                         "tok_per_fwd": new / max(1, sum(r.row_forwards[i] for i in idx)), "wall_s": wall,
+                         "tokens_per_pass": new / max(1, sum(r.row_passes[i] for i in idx)), "wall_s": wall,
                          "vs_ar": ar_wall / wall if wall else None})
     return rows
 
@@ -342,7 +342,7 @@ def format_by_kind(rows: list[dict]) -> str:
     for kind in dict.fromkeys(r["kind"] for r in rows):
         mine = {(r["method"], r["tau"]): r for r in rows if r["kind"] == kind}
         n = next(iter(mine.values()))["prompts"]
-        cells = "".join(f"{mine[k]['tok_per_fwd']:>14.2f} {mine[k]['vs_ar']:>6.2f}x" for k in methods)
+        cells = "".join(f"{mine[k]['tokens_per_pass']:>14.2f} {mine[k]['vs_ar']:>6.2f}x" for k in methods)
         lines.append(f"{kind or 'all':<14}{n:>3}{cells}")
     return "\n".join(lines)
 

@@ -195,9 +195,9 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
         nll_bare = [mean_nll(bare, p, r.token_ids) for p, r in zip(prompts, res) if r.token_ids] if bare else []
         row = {
             "tau": tau,
-            "tokens_per_forward": t.tokens_per_pass,
+            "tokens_per_pass": t.tokens_per_pass,
             "tokens": t.tokens,
-            "forwards": t.passes,
+            "passes": t.passes,
             "histogram": {k: t.histogram[k] for k in sorted(t.histogram)},
             "exact_match_with_tau1": sum(a.token_ids == b.token_ids for a, b in zip(ref, res)) / len(res),
             "prefix_match_with_tau1": sum(prefix_match(a.token_ids, b.token_ids) for a, b in zip(ref, res)) / len(res),

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mars.core.records import stored
+
 
 def _plt():
     import matplotlib
@@ -33,13 +35,13 @@ def bench_png(data: dict, path: str | Path) -> Path:
     for bs in sorted({r["batch_size"] for r in runs}):
         rs = sorted((r for r in runs if r["batch_size"] == bs), key=lambda r: r["tau"])
         taus = [r["tau"] for r in rs]
-        axes[0].plot(taus, [r["tokens_per_forward"] for r in rs], "o-", label=f"batch {bs}")
+        axes[0].plot(taus, [stored(r, "tokens_per_pass") for r in rs], "o-", label=f"batch {bs}")
         axes[1].plot(taus, [r["speedup_vs_ar"] for r in rs], "o-", label=f"batch {bs}")
     # the tau-free methods (Jacobi, prompt lookup, verified, transformers) as flat reference lines
     others = [r for r in data["runs"] if r["method"] not in ("mars", "ar") and r["batch_size"] == 1]
     for k, r in enumerate(others):
         style = dict(color=f"C{k + 3}", ls=":", lw=1.2, label=f"{r['method']} (batch 1)")
-        axes[0].axhline(r["tokens_per_forward"], **style)
+        axes[0].axhline(stored(r, "tokens_per_pass"), **style)
         axes[1].axhline(r["speedup_vs_ar"], **style)
     axes[0].set(xlabel="tau", ylabel="tokens per forward", title="MARS: tokens per forward pass")
     axes[1].axhline(1.0, color="grey", lw=1, ls="--")
@@ -60,10 +62,10 @@ def bench_html(data: dict, path: str | Path) -> Path:
     for bs in sorted({r["batch_size"] for r in runs}):
         rs = sorted((r for r in runs if r["batch_size"] == bs), key=lambda r: r["tau"])
         x = [r["tau"] for r in rs]
-        fig.add_trace(go.Scatter(x=x, y=[r["tokens_per_forward"] for r in rs], name=f"batch {bs}"), 1, 1)
+        fig.add_trace(go.Scatter(x=x, y=[stored(r, "tokens_per_pass") for r in rs], name=f"batch {bs}"), 1, 1)
         fig.add_trace(go.Scatter(x=x, y=[r["speedup_vs_ar"] for r in rs], name=f"batch {bs} speed-up"), 1, 2)
     for r in (r for r in data["runs"] if r["method"] not in ("mars", "ar") and r["batch_size"] == 1):
-        fig.add_hline(y=r["tokens_per_forward"], line_dash="dot", annotation_text=r["method"], row=1, col=1)
+        fig.add_hline(y=stored(r, "tokens_per_pass"), line_dash="dot", annotation_text=r["method"], row=1, col=1)
         fig.add_hline(y=r["speedup_vs_ar"], line_dash="dot", annotation_text=r["method"], row=1, col=2)
     fig.update_xaxes(title_text="tau")
     fig.write_html(str(path), include_plotlyjs="cdn")
@@ -108,7 +110,7 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     """Acceptance against training CPU-hours: teacher-forced estimated tokens per pass and draft accuracy
     per distance, plus real tokens per forward at each tau where measured.
 
-    points: [{"cpu_hours", "est_tokens_per_pass", "accuracy_by_distance": {"2": ..}, "tokens_per_forward": {"0.9": ..}}]
+    points: [{"cpu_hours", "est_tokens_per_pass", "accuracy_by_distance": {"2": ..}, "tokens_per_pass": {"0.9": ..}} (older files: "tokens_per_forward")]
     """
     plt = _plt()
     pts = sorted(points, key=lambda p: p["cpu_hours"])
@@ -116,10 +118,10 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     with_quality = [p for p in pts if "1" in p.get("quality", {})]
     fig, axes = plt.subplots(1, 3 if with_quality else 2, figsize=(13.5 if with_quality else 9, 3.6))
     axes[0].plot(x, [p["est_tokens_per_pass"] for p in pts], "o-", label="teacher-forced estimate")
-    taus = sorted({t for p in pts for t in p.get("tokens_per_forward", {})}, reverse=True)
+    taus = sorted({t for p in pts for t in stored(p, "tokens_per_pass", {})}, reverse=True)
     colour = {t: f"C{i + 1}" for i, t in enumerate(taus)}  # one colour per tau in both panels that show taus
     for tau in taus:
-        xs = [(p["cpu_hours"], p["tokens_per_forward"][tau]) for p in pts if tau in p.get("tokens_per_forward", {})]
+        xs = [(p["cpu_hours"], stored(p, "tokens_per_pass")[tau]) for p in pts if tau in stored(p, "tokens_per_pass", {})]
         axes[0].plot([a for a, _ in xs], [b for _, b in xs], "s--", color=colour[tau], label=f"decoding, tau {tau}")
     axes[0].set(xlabel="training CPU-hours", ylabel="tokens per forward", title="acceptance against training time")
     for d in sorted({d for p in pts for d in p["accuracy_by_distance"]}, key=int):
@@ -147,9 +149,9 @@ def pareto_png(evals: dict[str, dict], path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, report in evals.items():
         rows = sorted(report["decoding"], key=lambda r: -r["tau"])
-        ax.plot([r["tokens_per_forward"] for r in rows], [r["mean_nll_under_ar"] for r in rows], "o-", label=name)
+        ax.plot([stored(r, "tokens_per_pass") for r in rows], [r["mean_nll_under_ar"] for r in rows], "o-", label=name)
         for r in rows:
-            ax.annotate(f"{r['tau']:g}", (r["tokens_per_forward"], r["mean_nll_under_ar"]), fontsize=7)
+            ax.annotate(f"{r['tau']:g}", (stored(r, "tokens_per_pass"), r["mean_nll_under_ar"]), fontsize=7)
     ax.set(xlabel="tokens per forward pass", ylabel="mean NLL of the text under the model in AR mode",
            title="speed / quality trade-off (labels: tau)")
     ax.grid(alpha=0.3)
