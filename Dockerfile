@@ -18,7 +18,7 @@ RUN pip install --user torch==2.13.0 --index-url https://download.pytorch.org/wh
 COPY --chown=user . .
 # The GGUF -> float32 conversion (~35 s) and the adapter check happen here, at build time, not for the first
 # visitor; at start-up the app loads the converted copy (~2 s) and warms it up in the background.
-RUN python -c "from mars.loading import load; lm = load(None, 'auto'); print('model ready:', lm.name, lm.adapter is not None)"
+RUN python -c "from mars.models.loading import load; lm = load(None, 'auto'); print('model ready:', lm.name, lm.adapter is not None)"
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \

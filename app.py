@@ -177,7 +177,7 @@ class MarsApp:
     def set_tau(self, tau, session: Session):
         """The slider's one handler. tau's whole path, slider to rule:
         slider .change -> here -> Session.set_tau -> DecodeControl.tau (decoding.check_tau, the one check) ->
-        decode_steps reads control.tau before every forward pass -> the mode's plan/accept (mars.modes) ->
+        decode_steps reads control.tau before every forward pass -> the mode's plan/accept (mars.core.modes) ->
         acceptance.accept_lengths. A run starts from its config's tau (DecodeConfig checks it with the same
         check_tau), handed to the control by Session.new_control(cfg.tau) in `generate`."""
         try:
