@@ -7,7 +7,7 @@ from html.parser import HTMLParser
 import pytest
 
 from mars.app import viz
-from mars.core.decoding import PassRecord
+from mars.core.records import PassRecord
 from mars.core.masks import mars_attention_mask
 
 XSS = ["<script>alert(1)</script>", '<img src=x onerror="alert(1)">']

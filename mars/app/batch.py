@@ -14,11 +14,10 @@ comparison also checks, token for token, that each batch row equals its prompt d
 
 from __future__ import annotations
 
-import contextlib
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
+from mars.app.serving import one_at_a_time
 from mars.core.decoding import DecodeConfig, DecodeControl, decode_steps
 from mars.core.records import PassRecord, RunRecord, RunTotals
 
@@ -121,15 +120,7 @@ def _timed_steps(lm, prompt_ids: list[list[int]], cfg: DecodeConfig, control: De
                  lock) -> Iterator[tuple[list[PassRecord], float]]:
     """decode_steps, one pass at a time under `lock` (the app's per-pass model lock), with each pass's
     measured wall time (the core's own timing when a record carries it)."""
-    it = decode_steps(lm, prompt_ids, cfg, control)
-    lock = lock if lock is not None else contextlib.nullcontext()
-    while True:
-        with lock:
-            t0 = time.perf_counter()
-            records = next(it, None)
-            took = time.perf_counter() - t0
-        if records is None:
-            return
+    for records, took in one_at_a_time(decode_steps(lm, prompt_ids, cfg, control), lock):
         yield records, (records[0].seconds if records else took)
 
 

@@ -13,16 +13,19 @@ loses the race it exists to show.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
 from mars.app.inputs import sanitize_text
-from mars.core.decoding import DecodeConfig, DecodeControl, PassRecord, stream
+from mars.core.decoding import DecodeConfig, DecodeControl, stream
+from mars.core.records import PassRecord
 
 LOG = logging.getLogger("mars.app")
 
@@ -155,13 +158,22 @@ class ModelHolder:
 
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:
         """`decoding.stream`, one forward pass at a time under the pass lock, on `self.threads` threads."""
-        it = stream(lm, prompt_ids, cfg, control)
-        while True:
-            with self.pass_slot:
-                rec = next(it, None)
-            if rec is None:
-                return
+        for rec, _ in one_at_a_time(stream(lm, prompt_ids, cfg, control), self.pass_slot):
             yield rec
+
+
+def one_at_a_time(steps: Iterator, slot) -> Iterator[tuple[object, float]]:
+    """Advance a decoder generator one forward pass at a time inside `slot` (a PassSlot, a lock, or None),
+    so that a visitor who stops consuming never holds the model; yields (item, seconds inside the slot)."""
+    slot = slot if slot is not None else contextlib.nullcontext()
+    while True:
+        with slot:
+            t0 = time.perf_counter()
+            item = next(steps, None)
+            took = time.perf_counter() - t0
+        if item is None:
+            return
+        yield item, took
 
 
 def hub_reachable() -> bool:
