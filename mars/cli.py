@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--epochs", type=float, default=1.0)
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--max-minutes", type=float, default=None)
+    t.add_argument("--max-cpu-minutes", type=float, default=None,
+                   help="stop after this much CPU time of the process (fair budgets for runs sharing cores)")
     t.add_argument("--batch-size", type=int, default=2)
     t.add_argument("--grad-accum", type=int, default=4)
     t.add_argument("--max-length", type=int, default=512)
@@ -339,7 +341,7 @@ def cmd_train(args) -> int:
         data=args.data[0] if len(args.data) == 1 else args.data, out=args.out, model=args.model, adapter=args.adapter, mask_token=args.mask_token,
         block_size=args.block_size, method=args.method, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
         lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
-        max_steps=args.max_steps, max_minutes=args.max_minutes, batch_size=args.batch_size,
+        max_steps=args.max_steps, max_minutes=args.max_minutes, max_cpu_minutes=args.max_cpu_minutes, batch_size=args.batch_size,
         grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
         skip_last_slot=args.skip_last_slot, loss_weighting=args.loss_weighting, shift_blocks=args.shift_blocks,
         noisy_copies=args.noisy_copies, select_data=args.select_data, select_limit=args.select_limit,

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Equal-time recipe comparison for the shipped checkpoint. Each recipe trains for the same wall time with
-# `python -m mars train --max-minutes`, then is scored the cheap way (teacher-forced draft accuracy, one
-# forward per held-out example) and by real decoding on 20 prompts (TAUS).
+# Equal-time recipe comparison for the shipped checkpoint. Each recipe trains for the same CPU time
+# (`python -m mars train --max-cpu-minutes`: arms run side by side on shared cores get equal budgets),
+# then is scored the cheap way (teacher-forced draft accuracy, one forward per held-out example) and by
+# real decoding on 20 prompts (TAUS).
 # Resumable: a finished recipe (its eval JSON exists) is skipped; an interrupted one resumes training.
 #   MINUTES=20 THREADS=1 bash scripts/compare_recipes.sh                 # the first comparison (from scratch)
 #   SET=round2 MINUTES=40 THREADS=1 bash scripts/compare_recipes.sh      # the data arms, from the shipped adapter
 # round2: control (same data, fixed grid) against fresh model-written prompts, shifted grids and the
 # authors' per-sequence weighting, each continuing the shipped adapter with its own recipe (lr 5e-4, B=4,
-# last slot skipped). ONLY="a b" runs some arms (e.g. one per core, side by side).
+# last slot skipped). ONLY="a b" runs some arms; several calls with different ONLY run side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${MINUTES:-20}
@@ -18,7 +19,7 @@ mkdir -p "$OUT"
 
 # No warmup: the runs stop on time, long before `--epochs 50` ends, and a warmup ratio of that nominal
 # length would keep the lr near zero for the whole run (a first attempt lost its comparison that way).
-common=(--data "$DATA" --max-minutes "$MINUTES" --epochs 50 --batch-size 2 --grad-accum 4 --max-length 256
+common=(--data "$DATA" --max-cpu-minutes "$MINUTES" --epochs 50 --batch-size 2 --grad-accum 4 --max-length 256
         --save-every 10 --threads "$THREADS" --schedule constant --warmup-ratio 0)
 TAUS=${TAUS:-0.9 0.7}
 SET=${SET:-first}
@@ -59,7 +60,7 @@ print("|---|---|---|---|---|---|---|---|---|---|")
 for d in sorted(p for p in out.iterdir() if (p / "eval.json").is_file()):
     ev = json.loads((d / "eval.json").read_text()); meta = json.loads((d / "mars.json").read_text())
     acc = ev["draft_accuracy"]["accuracy_by_distance"]; dec = {r["tau"]: r for r in ev["decoding"]}
-    print(f"| {d.name} | {meta['train_seconds']/60:.0f} | {meta['sequences']} | {acc.get('2', 0):.2f} | {acc.get('3', 0):.2f} "
+    print(f"| {d.name} | {meta.get('train_cpu_seconds', meta['train_seconds'])/60:.0f} | {meta['sequences']} | {acc.get('2', 0):.2f} | {acc.get('3', 0):.2f} "
           f"| {ev['draft_accuracy']['est_tokens_per_pass']:.2f} | {dec[0.9].get('tokens_per_pass', dec[0.9].get('tokens_per_forward')):.3f} | {dec[0.7].get('tokens_per_pass', dec[0.7].get('tokens_per_forward')):.3f} "
           f"| {dec[0.9]['mean_nll_under_ar']:.3f} | {dec[0.9].get('known_answer_accuracy', 0):.2f} |")
 EOF

@@ -222,6 +222,17 @@ def test_train_with_shifted_grids_two_noisy_copies_and_sequence_weighting(tiny_d
     assert bad.returncode == 2 and "noisy_copies" in bad.stderr
 
 
+def test_train_stops_on_its_cpu_budget_and_records_it(tiny_dir, tmp_path):
+    """--max-cpu-minutes: arms that share cores stop on their own CPU time, not on the wall clock."""
+    data = _data(tmp_path / "d.jsonl")
+    run = run_cli(*train_args(tiny_dir, data, tmp_path / "c", 50, "--max-cpu-minutes", "0.00001"))
+    assert run.returncode == 0, run.stderr
+    log = [json.loads(x) for x in (tmp_path / "c" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1]  # the budget is spent within the first step
+    meta = json.loads((tmp_path / "c" / "mars.json").read_text())
+    assert meta["steps"] == 1 and meta["train_cpu_seconds"] > 0 and meta["recipe"]["max_cpu_minutes"] == 0.00001
+
+
 def test_snapshot_choice_rule():
     from mars.training.train import better_snapshot
 

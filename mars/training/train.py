@@ -42,6 +42,8 @@ class TrainConfig:
     epochs: float = 1.0
     max_steps: int | None = None  # optimizer steps; overrides epochs
     max_minutes: float | None = None  # stop cleanly after this wall time (equal-time comparisons)
+    max_cpu_minutes: float | None = None  # stop after this much CPU time of this process: arms that share
+    #                                       cores get equal budgets however the cores were shared
     batch_size: int = 2  # sequences per micro-batch per process
     grad_accum: int = 4
     max_length: int = 512  # clean tokens per sequence (the forward sees up to 2x this)
@@ -205,8 +207,8 @@ def train(cfg: TrainConfig) -> dict:
 
         from mars.evaluation.evaluate import draft_accuracy
 
-        nonlocal t_start
-        t0 = time.time()
+        nonlocal t_start, c_start
+        t0, c0 = time.time(), time.process_time()
         if acc.is_main_process:
             m = acc.unwrap_model(model)
             m.eval()
@@ -224,9 +226,11 @@ def train(cfg: TrainConfig) -> dict:
         state["evaluated_step"] = state["step"]
         acc.wait_for_everyone()
         t_start += time.time() - t0  # train_seconds counts training, not these evaluations
+        c_start += time.process_time() - c0
 
     bar = tqdm(total=total, initial=state["step"], disable=not acc.is_local_main_process, desc="mars train")
     t_start = time.time() - state["seconds"]
+    c_start = time.process_time() - state.get("cpu_seconds", 0.0)
     run = {"noisy": 0.0, "clean": 0.0, "distill": 0.0, "n": 0}
     stop = state["step"] >= total
     while not stop:
@@ -259,6 +263,7 @@ def train(cfg: TrainConfig) -> dict:
                 continue
             state["step"] += 1
             state["seconds"] = time.time() - t_start
+            state["cpu_seconds"] = time.process_time() - c_start
             row = {
                 "step": state["step"], "noisy": run["noisy"] / run["n"], "clean": run["clean"] / run["n"],
                 "lr": sched.get_last_lr()[0], "seconds": round(state["seconds"], 1), "sequences": state["sequences"],
@@ -271,7 +276,8 @@ def train(cfg: TrainConfig) -> dict:
                     f.write(json.dumps(row) + "\n")
             bar.update(1)
             bar.set_postfix({k: f"{row[k]:.3f}" for k in ("noisy", "clean", "distill") if k in row})
-            out_of_time = cfg.max_minutes is not None and state["seconds"] > 60 * cfg.max_minutes
+            out_of_time = ((cfg.max_minutes is not None and state["seconds"] > 60 * cfg.max_minutes)
+                           or (cfg.max_cpu_minutes is not None and state["cpu_seconds"] > 60 * cfg.max_cpu_minutes))
             if state["step"] >= total or out_of_time:
                 stop = True
                 break
@@ -305,6 +311,7 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path, select
         "steps": state["step"],
         "sequences": state["sequences"],
         "train_seconds": round(state["seconds"], 1),
+        "train_cpu_seconds": round(state.get("cpu_seconds", 0.0), 3),
         "processes": state.get("processes", 1),
         "data": cfg.data if isinstance(cfg.data, str) else [str(p) for p in cfg.data],
         "recipe": {k: v for k, v in asdict(cfg).items() if k not in ("data", "out")},
