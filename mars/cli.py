@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--noisy-copies", type=int, default=1,
                    help="noisy copies per clean copy, each on its own block grid (distinct offsets: the first "
                         "stays at 0 unless --shift-blocks); more mask targets per clean forward")
+    t.add_argument("--gated", action="store_true",
+                   help="the adapter acts only at mask positions: real tokens run the bare model (tau 1.0 = the bare "
+                        "model's greedy output) and the clean copy runs once without gradient")
     t.add_argument("--distill", type=float, default=0.0,
                    help="weight of a KL term keeping the clean copy close to the bare model (LoRA only)")
     t.add_argument("--save-every", type=int, default=25)
@@ -341,11 +344,11 @@ def cmd_train(args) -> int:
         data=args.data[0] if len(args.data) == 1 else args.data, out=args.out, model=args.model, adapter=args.adapter, mask_token=args.mask_token,
         block_size=args.block_size, method=args.method, lora_r=args.lora_r, lora_alpha=args.lora_alpha,
         lr=args.lr, schedule=args.schedule, warmup_ratio=args.warmup_ratio, epochs=args.epochs,
-        max_steps=args.max_steps, max_minutes=args.max_minutes, max_cpu_minutes=args.max_cpu_minutes, batch_size=args.batch_size,
-        grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
+        max_steps=args.max_steps, max_minutes=args.max_minutes, max_cpu_minutes=args.max_cpu_minutes,
+        batch_size=args.batch_size, grad_accum=args.grad_accum, max_length=args.max_length, drop_prompt_noisy=not args.keep_prompt_noisy,
         skip_last_slot=args.skip_last_slot, loss_weighting=args.loss_weighting, shift_blocks=args.shift_blocks,
         noisy_copies=args.noisy_copies, select_data=args.select_data, select_limit=args.select_limit,
-        select_threshold=args.select_threshold, select_precision=args.select_precision, distill=args.distill, save_every=args.save_every, seed=args.seed,
+        select_threshold=args.select_threshold, select_precision=args.select_precision, gated=args.gated, distill=args.distill, save_every=args.save_every, seed=args.seed,
         threads=args.threads, dtype=args.dtype,
     )
     state = train(cfg)

@@ -8,7 +8,7 @@
 #   SET=round2 MINUTES=40 THREADS=1 bash scripts/compare_recipes.sh      # the data arms, from the shipped adapter
 # round2: control (same data, fixed grid) against fresh model-written prompts, shifted grids and the
 # authors' per-sequence weighting, each continuing the shipped adapter with its own recipe (lr 5e-4, B=4,
-# last slot skipped). ONLY="a b" runs some arms; several calls with different ONLY run side by side.
+# last slot skipped), and the gated adapter (from the bare model, as the issue asks). ONLY="a b" runs some arms; several calls with different ONLY run side by side.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MINUTES=${MINUTES:-20}
@@ -33,6 +33,8 @@ if [ "$SET" = round2 ]; then
     [fresh]="$shipped --data $DATA $FRESH"
     [shift]="$shipped --shift-blocks"
     [weighting]="$shipped --loss-weighting sequence"
+    # the adapter acts at mask rows only (mars.models.gated): a new adapter from the bare model, same shape
+    [gated]="--method lora --lora-r 16 --lora-alpha 32 --block-size 4 --lr 5e-4 --skip-last-slot --gated"
   )
 else recipes=(
   [lora_b4]="--method lora --lora-r 16 --lora-alpha 32 --lr 2e-4 --block-size 4"

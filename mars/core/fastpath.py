@@ -112,8 +112,9 @@ class _Linear:
     other than the model's (bfloat16) always runs packed, or on a converted copy where oneDNN is missing.
     """
 
-    def __init__(self, mods: list, layout: str, dtype: torch.dtype):
+    def __init__(self, mods: list, layout: str, dtype: torch.dtype, lora: tuple | None = None):
         w0 = mods[0].weight
+        self.lora = lora  # gated adapter (mars.models.gated): (A, B) added at the gated rows only
         self.out_features = sum(m.weight.shape[0] for m in mods)
         self.dtype = dtype
         can_pack = (dtype in (torch.float32, torch.bfloat16) and w0.device.type == "cpu"
@@ -134,7 +135,14 @@ class _Linear:
                 self.bias = torch.cat([m.bias.detach() if m.bias is not None else w.new_zeros(m.weight.shape[0])
                                        for m in mods]).to(dtype)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        y = self._base(x)
+        if self.lora is not None and gate is not None and bool(gate.any()):
+            a, b = self.lora
+            y[gate] += ((x[gate].to(a.dtype) @ a.T) @ b.T).to(y.dtype)
+        return y
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
         if self.packed is not None and (self.parts is None or x.numel() > SMALL_ROWS * x.shape[-1]):
             y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
@@ -146,16 +154,21 @@ class _Linear:
 
 
 class _Layer:
-    def __init__(self, layer, layout: str, wdtype: torch.dtype):
+    def __init__(self, layer, layout: str, wdtype: torch.dtype, gated=None, names: dict | None = None):
         a, m = layer.self_attn, layer.mlp
+
+        def lin(mods):  # fused Linear, with the gated adapter's deltas of these modules when there is one
+            lora = gated.fused({names[mod]: mod for mod in mods}) if gated is not None else None
+            return _Linear(mods, layout, wdtype, lora)
+
         self.ln1 = layer.input_layernorm.weight.detach()  # shared with the model, not copied
         self.ln2 = layer.post_attention_layernorm.weight.detach()
         self.eps1 = layer.input_layernorm.variance_epsilon
         self.eps2 = layer.post_attention_layernorm.variance_epsilon
-        self.qkv = _Linear([a.q_proj, a.k_proj, a.v_proj], layout, wdtype)
-        self.o = _Linear([a.o_proj], layout, wdtype)
-        self.gate_up = _Linear([m.gate_proj, m.up_proj], layout, wdtype)
-        self.down = _Linear([m.down_proj], layout, wdtype)
+        self.qkv = lin([a.q_proj, a.k_proj, a.v_proj])
+        self.o = lin([a.o_proj])
+        self.gate_up = lin([m.gate_proj, m.up_proj])
+        self.down = lin([m.down_proj])
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -234,7 +247,10 @@ class FastLM:
         self.embed = inner.embed_tokens.weight.detach()  # shared with the model
         self.norm = inner.norm.weight.detach()
         self.norm_eps = inner.norm.variance_epsilon
-        self.layers = [_Layer(layer, layout, self.weight_dtype) for layer in inner.layers]
+        # a gated adapter (mars.models.gated) acts only at mask-token rows: kept apart, never merged
+        self.gated = getattr(model, "_mars_gated", None)
+        names = {mod: name for name, mod in model.named_modules()} if self.gated is not None else None
+        self.layers = [_Layer(layer, layout, self.weight_dtype, self.gated, names) for layer in inner.layers]
         self.head = _Linear([model.lm_head], layout, self.weight_dtype)
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0)
@@ -278,10 +294,11 @@ class FastLM:
             mask = additive_mask(allowed, self.dtype)[:, None]  # (b, 1, W, C+W)
         cos, sin = self._rope(positions)  # (b, W, 1, hd)
         half = hd // 2
+        g = ids == self.gated.mask_token_id if self.gated is not None else None  # rows the adapter acts at
         x = F.embedding(ids, self.embed)  # (b, W, D)
         for i, L in enumerate(self.layers):
             h = _rms_norm(x, L.ln1, L.eps1)
-            qkv = L.qkv(h).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
+            qkv = L.qkv(h, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
             qk = qkv[:, :, : H + KV]
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotary on q and k at once
             ks, vs = cache.k[i], cache.v[i]  # (b, KV, capacity, hd)
@@ -290,10 +307,10 @@ class FastLM:
             q = qk[:, :, :H].transpose(1, 2)  # (b, H, W, hd)
             att = F.scaled_dot_product_attention(q, ks[:, :, : C + W], vs[:, :, : C + W], attn_mask=mask,
                                                  enable_gqa=True)  # (b, H, W, hd)
-            x = x + L.o(att.transpose(1, 2).reshape(b, W, H * hd))
+            x = x + L.o(att.transpose(1, 2).reshape(b, W, H * hd), g)
             h = _rms_norm(x, L.ln2, L.eps2)
-            gate, up = L.gate_up(h).chunk(2, dim=-1)
-            x = x + L.down(F.silu(gate) * up)
+            gate, up = L.gate_up(h, g).chunk(2, dim=-1)
+            x = x + L.down(F.silu(gate) * up, g)
         cache.length = C + W
         x = _rms_norm(x[:, keep], self.norm, self.norm_eps)  # (b, K, D): only the rows asked for
         return self.head(x)
@@ -310,7 +327,7 @@ def _fingerprint(model) -> tuple:
 
 def fast_model(model, weight_dtype: torch.dtype | None = None, layout: str = "auto") -> FastLM:
     """The FastLM of `model`, built once (it copies the matrices) and rebuilt when the weights change."""
-    key = (weight_dtype, layout)
+    key = (weight_dtype, layout, id(getattr(model, "_mars_gated", None)))
     with _LOCK:
         builds = _BUILT.setdefault(model, {})
         fp = _fingerprint(model)

@@ -42,7 +42,7 @@ class AdapterError(LoadError):
 
 @dataclass
 class LoadedModel:
-    model: object  # a transformers PreTrainedModel, eval mode, adapter merged
+    model: object  # a transformers PreTrainedModel, eval mode, adapter merged (a gated one attached, unmerged)
     tokenizer: object
     name: str  # what was asked for: "smollm2", a Hub id or a folder
     mask_token_id: int | None  # None: the model can run in AR mode only
@@ -60,6 +60,11 @@ class LoadedModel:
         return self.trained_block_size or DEFAULT_BLOCK_SIZE
 
     @property
+    def gated(self) -> bool:
+        """True when the adapter acts only at mask-token rows (mars.models.gated): tau = 1.0 is the bare model."""
+        return getattr(self.model, "_mars_gated", None) is not None
+
+    @property
     def eos_token_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id
         if ids is None:
@@ -70,6 +75,7 @@ class LoadedModel:
         return {
             "model": self.name,
             "adapter": self.adapter,
+            "gated": self.gated,
             "mask_token": self.mask_token,
             "mask_token_id": self.mask_token_id,
             "trained_block_size": self.trained_block_size,
@@ -129,13 +135,15 @@ def load(
     if name != DEFAULT_MODEL and folder_meta.is_file():  # a fully fine-tuned MARS model folder
         meta = json.loads(folder_meta.read_text())
     if adapter_path is not None:
-        lm, meta = _merge_adapter(lm, adapter_path)
+        meta = _read_adapter_meta(adapter_path)
         base = meta.get("base_model")
         if base and str(base) != name:  # same shapes merge silently, so at least say it
             warnings.append(f"the adapter was trained for {base!r}, not {name!r}: its drafts may be poor")
-    lm.to(device)
-    lm.eval()
     mask_id, mask_str = _resolve_mask_token(tok, name, mask_token, meta)
+    lm.to(device)
+    if adapter_path is not None:
+        lm = _apply_adapter(lm, adapter_path, meta, mask_id)
+    lm.eval()
     if mask_id is None:
         warnings.append("no mask token: this model can run in AR mode only (pass --mask-token to use MARS)")
     return LoadedModel(
@@ -325,19 +333,32 @@ def _resolve_adapter(adapter: str | None, name: str, warnings: list[str]) -> Pat
     return path
 
 
-def _merge_adapter(lm, path: Path):
-    """Apply a peft adapter and merge it, so decoding runs at the bare model's speed."""
+def _read_adapter_meta(path: Path) -> dict:
     meta_path = path / MARS_META
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     try:
+        return json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except ValueError as e:
+        raise AdapterError(f"adapter {str(path)!r} has an unreadable {MARS_META}: {_first_line(e)}") from e
+
+
+def _apply_adapter(lm, path: Path, meta: dict, mask_id: int | None):
+    """Merge a peft adapter into the weights, so decoding runs at the bare model's speed; a gated adapter
+    (mars.json `"gated": true`, mars.models.gated) stays apart and acts only at mask-token rows."""
+    base = meta.get("base_model")
+    hint = f" (it was trained for {base})" if base else ""
+    from mars.models.gated import GATED_KEY, GatedLoRA
+
+    try:
+        if meta.get(GATED_KEY):
+            if mask_id is None:
+                raise ValueError("a gated adapter needs a mask token")
+            GatedLoRA.read(path, lm, mask_id).attach(lm)
+            return lm
         from peft import PeftModel
 
-        merged = PeftModel.from_pretrained(lm, str(path), is_trainable=False).merge_and_unload()
+        return PeftModel.from_pretrained(lm, str(path), is_trainable=False).merge_and_unload()
     except Exception as e:
-        base = meta.get("base_model")
-        hint = f" (it was trained for {base})" if base else ""
         raise AdapterError(f"could not apply adapter {str(path)!r}{hint}: {type(e).__name__}: {_first_line(e)}") from e
-    return merged, meta
 
 
 def _resolve_mask_token(tok, name: str, explicit, meta: dict) -> tuple[int | None, str | None]:

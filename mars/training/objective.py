@@ -166,6 +166,13 @@ def mars_loss(logits: torch.Tensor, batch: MarsBatch, per_sequence: bool = False
     return {"loss": noisy + clean, "noisy": noisy, "clean": clean}
 
 
+def noisy_loss(noisy_logits: torch.Tensor, batch: MarsBatch, per_sequence: bool = False) -> dict[str, torch.Tensor]:
+    """The gated adapter's loss: CE(noisy) alone. Its clean copy is the bare model, so the clean term is a
+    constant with no gradient. noisy_logits: (b, Ln, V), as `gated_forward` returns them."""
+    noisy = (_ce_per_sequence if per_sequence else _ce_per_token)(noisy_logits, batch.noisy_labels)
+    return {"loss": noisy, "noisy": noisy}
+
+
 def _ce_per_token(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     V = logits.shape[-1]
     return F.cross_entropy(logits.reshape(-1, V).float(), labels.reshape(-1), ignore_index=-100)
@@ -205,6 +212,26 @@ def clean_forward(model, batch: MarsBatch) -> torch.Tensor:
 def forward_batch(model, batch: MarsBatch) -> torch.Tensor:
     """Run the model on a MarsBatch with its 4D mask; returns logits (b, Lc + Ln, V)."""
     return _logits(model, batch.input_ids, batch.position_ids, batch.attention_mask)
+
+
+def gated_forward(model, batch: MarsBatch, adapter_off) -> torch.Tensor:
+    """Noisy-copy logits (b, Ln, V) for a gated adapter (mars.models.gated), in two forwards.
+
+    The clean copy is the bare model and never sees the noisy one, so it runs once without gradient (inside
+    `adapter_off`, e.g. peft's `disable_adapter()`) and hands its keys and values to the noisy copy's
+    forward, the only one differentiated: the backward pass skips the clean half of the sequence. Same
+    logits as the one-forward layout (tested)."""
+    Lc = batch.clean_len
+    p = next(model.parameters())
+    ids, pos, allowed = batch.input_ids.to(p.device), batch.position_ids.to(p.device), batch.attention_mask
+    with torch.no_grad(), adapter_off:
+        past = model(input_ids=ids[:, :Lc], position_ids=pos[:, :Lc],
+                     attention_mask=additive_mask(allowed[:, :, :Lc, :Lc], p.dtype).to(p.device),
+                     use_cache=True, logits_to_keep=1).past_key_values
+    out = model(input_ids=ids[:, Lc:], position_ids=pos[:, Lc:],
+                attention_mask=additive_mask(allowed[:, :, Lc:, :], p.dtype).to(p.device),
+                past_key_values=past, use_cache=True)
+    return out.logits
 
 
 def _logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

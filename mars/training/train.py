@@ -52,6 +52,8 @@ class TrainConfig:
     loss_weighting: str = "token"  # "token": mean over all scored tokens; "sequence": the authors' (per sequence, then batch)
     shift_blocks: bool = False  # each draw of an example puts its noisy block grid at a random offset in [0, B)
     noisy_copies: int = 1  # noisy copies per clean copy, each on its own block grid (distinct offsets)
+    gated: bool = False  # the adapter acts only at mask rows (mars.models.gated): real tokens run the bare
+    #                      model, so tau = 1.0 is the bare model's greedy output and the clean copy needs no gradient
     distill: float = 0.0  # weight of KL(bare model || model) on the clean copy (LoRA: the bare model is the
     #                       base with the adapter switched off, one extra clean forward per micro-batch)
     save_every: int = 25  # optimizer steps between checkpoints
@@ -69,6 +71,8 @@ class TrainConfig:
             raise ValueError(f"method must be 'lora' or 'full', got {self.method!r}")
         if self.distill < 0:
             raise ValueError(f"distill must be >= 0, got {self.distill}")
+        if self.gated and (self.method != "lora" or self.distill):
+            raise ValueError("--gated needs --method lora and no --distill (its clean copy is the bare model)")
         if self.distill and self.method != "lora":
             raise ValueError("--distill needs --method lora: the bare model is the base with the adapter off")
         if self.loss_weighting not in ("token", "sequence"):
@@ -117,7 +121,8 @@ def train(cfg: TrainConfig) -> dict:
 
     from mars.training.data import load_examples
     from mars.models.loading import load
-    from mars.training.objective import build_batch, clean_forward, distill_loss, draw_offsets, forward_batch, mars_loss
+    from mars.training.objective import (build_batch, clean_forward, distill_loss, draw_offsets, forward_batch,
+                                         gated_forward, mars_loss, noisy_loss)
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -143,6 +148,10 @@ def train(cfg: TrainConfig) -> dict:
         from peft import LoraConfig, PeftModel, get_peft_model
 
         if cfg.adapter:
+            parent_gated = bool((_read_meta(Path(cfg.adapter)) or {}).get("gated"))
+            if parent_gated != cfg.gated:
+                raise ValueError(f"adapter {cfg.adapter!r} is {'' if parent_gated else 'not '}gated: "
+                                 f"{'pass' if parent_gated else 'drop'} --gated to continue it")
             model = PeftModel.from_pretrained(model, cfg.adapter, is_trainable=True)
             # the adapter's own shape wins over the --lora-* flags: record it, so mars.json tells the truth
             pc = model.peft_config["default"]
@@ -154,6 +163,10 @@ def train(cfg: TrainConfig) -> dict:
                 target_modules=list(cfg.lora_targets), task_type="CAUSAL_LM",
             )
             model = get_peft_model(model, lcfg)
+        if cfg.gated:
+            from mars.models.gated import gate_peft_model
+
+            gate_peft_model(model, lm.mask_token_id)
     model.train()
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False
@@ -239,8 +252,13 @@ def train(cfg: TrainConfig) -> dict:
         epoch_loader = acc.skip_first_batches(loader, skip) if skip else loader
         for batch in epoch_loader:
             with acc.accumulate(model):
-                logits = forward_batch(model, batch)
-                losses = mars_loss(logits, batch, per_sequence=cfg.loss_weighting == "sequence")
+                per_sequence = cfg.loss_weighting == "sequence"
+                if cfg.gated:
+                    logits = gated_forward(model, batch, acc.unwrap_model(model).disable_adapter())
+                    losses = noisy_loss(logits, batch, per_sequence)
+                else:
+                    logits = forward_batch(model, batch)
+                    losses = mars_loss(logits, batch, per_sequence)
                 if cfg.distill:
                     with torch.no_grad(), acc.unwrap_model(model).disable_adapter():
                         teacher = clean_forward(model, batch)
@@ -256,7 +274,7 @@ def train(cfg: TrainConfig) -> dict:
             state["batches_in_epoch"] += 1
             state["sequences"] += batch.input_ids.shape[0] * acc.num_processes
             run["noisy"] += losses["noisy"].item()
-            run["clean"] += losses["clean"].item()
+            run["clean"] += losses["clean"].item() if "clean" in losses else 0.0
             run["distill"] += losses["distill"].item() if "distill" in losses else 0.0
             run["n"] += 1
             if not acc.sync_gradients:
@@ -270,6 +288,8 @@ def train(cfg: TrainConfig) -> dict:
             }
             if cfg.distill:
                 row["distill"] = run["distill"] / run["n"]
+            if cfg.gated:
+                del row["clean"]  # the bare model's own loss: not trained, not computed
             run = {"noisy": 0.0, "clean": 0.0, "distill": 0.0, "n": 0}
             if acc.is_main_process:
                 with log_path.open("a") as f:
@@ -308,6 +328,7 @@ def _save_final(model, tok, lm, cfg: TrainConfig, state: dict, out: Path, select
         "block_size": cfg.block_size,
         "mask_token": lm.mask_token,
         "method": cfg.method,
+        "gated": cfg.gated,
         "steps": state["step"],
         "sequences": state["sequences"],
         "train_seconds": round(state["seconds"], 1),
