@@ -168,8 +168,11 @@ class MarsApp:
             return error, error, gr.skip(), gr.update(active=False)
         d = self._public_model(lm)
         mask = f'{d["mask_token"]} (id {d["mask_token_id"]})' if d["mask_token"] else "none: AR only"
+        adapter = d["adapter"] or "none"
+        if d["gated"]:
+            adapter += " (gated: acts at mask positions only, so tau 1.0 is the bare model)"
         rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
-                ("mask token", mask), ("adapter", d["adapter"] or "none"), ("dtype", d["dtype"])]
+                ("mask token", mask), ("adapter", adapter), ("dtype", d["dtype"])]
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banner, table = viz.render_model_html(rows, notes)
         return banner, table, lm.trained_block_size or gr.skip(), gr.update(active=False)

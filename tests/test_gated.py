@@ -161,3 +161,13 @@ def test_a_gated_adapter_that_does_not_fit_is_refused_with_a_message(tiny_dir, g
     save_file(w, bad / "adapter_model.safetensors")
     with pytest.raises(AdapterError, match="do not fit"):
         load(str(tiny_dir), adapter=str(bad))
+
+
+def test_the_app_says_the_adapter_is_gated(pair):
+    import app as app_module
+
+    bare, gated = pair
+    _, table, *_ = app_module.create_demo(lambda: gated).mars_app.model_info()
+    assert "gated: acts at mask positions only" in table and "adapter" in table
+    _, table, *_ = app_module.create_demo(lambda: bare).mars_app.model_info()
+    assert "gated" not in table
