@@ -123,3 +123,33 @@ def test_shipped_recipe_records_the_adapters_real_lora_shape():
     assert sorted(meta["recipe"]["lora_targets"]) == sorted(cfg["target_modules"])
     card = (ROOT / "assets" / "mars-adapter" / "README.md").read_text()
     assert f"lora r={cfg['r']} alpha={cfg['lora_alpha']}" in card
+
+
+def _eval(rows):
+    """An eval.json's decoding rows: (tau, tokens/pass, NLL under AR, NLL under bare, known)."""
+    return {"decoding": [{"tau": t, "tokens_per_pass": s, "mean_nll_under_ar": a, "mean_nll_under_bare": b,
+                          "known_answer_accuracy": k} for t, s, a, b, k in rows]}
+
+
+def test_arms_table_ratios_and_curve_dominance(tmp_path, load_script):
+    arms = load_script("arms_table")
+    ref = arms.points(_eval([(1.0, 1.0, 0.5, 0.6, 0.5), (0.9, 1.2, 0.6, 0.7, 0.5), (0.7, 1.4, 0.8, 0.9, 0.4)]), 0.5)
+    assert [p["nll_x_ar"] for p in ref] == pytest.approx([1.0, 1.2, 1.6])
+    assert [p["nll_x_bare"] for p in ref] == pytest.approx([1.2, 1.4, 1.8])
+    faster = arms.points(_eval([(1.0, 1.0, 0.5, 0.6, 0.5), (0.9, 1.3, 0.6, 0.7, 0.5), (0.7, 1.5, 0.75, 0.9, 0.4)]), 0.5)
+    mixed = arms.points(_eval([(1.0, 1.0, 0.5, 0.6, 0.5), (0.9, 1.5, 0.9, 0.7, 0.5), (0.7, 1.6, 1.0, 0.9, 0.4)]), 0.5)
+    assert arms.dominates(faster, ref) and not arms.dominates(ref, faster)
+    assert not arms.dominates(mixed, ref)  # faster, but no point as good as the reference's at tau 0.9
+    assert not arms.dominates(ref, ref)
+    # the command: one row per tau per arm, the verdict on each arm's first row
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "eval.json").write_text(json.dumps(_eval([(1.0, 1.0, 0.5, 0.6, 0.5), (0.9, 1.3, 0.6, 0.7, 0.5),
+                                                              (0.7, 1.5, 0.75, 0.9, 0.4)])))
+    (tmp_path / "a" / "mars.json").write_text(json.dumps({"train_cpu_seconds": 2400, "sequences": 800}))
+    (tmp_path / "ref.json").write_text(json.dumps(_eval([(1.0, 1.0, 0.5, 0.6, 0.5), (0.9, 1.2, 0.6, 0.7, 0.5),
+                                                         (0.7, 1.4, 0.8, 0.9, 0.4)])))
+    out = subprocess.run([sys.executable, "scripts/arms_table.py", str(tmp_path / "a"), "--reference", "v3",
+                          str(tmp_path / "ref.json")], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    lines = [x for x in out.stdout.splitlines() if x.startswith("| ") and "---" not in x][1:]
+    assert len(lines) == 6 and lines[3].startswith("| a | 40 | 800 | 1.00 |") and lines[3].endswith("| yes |")
