@@ -27,7 +27,10 @@ _PREFIX = "base_model.model."  # peft's prefix of the wrapped model's module nam
 
 
 class GatedLoRA:
-    """LoRA deltas per Linear module, added only at gated rows: y[g] += (x[g] @ A.T) @ B.T (B scaled)."""
+    """LoRA deltas per Linear module, added only at gated rows: y[g] += (x[g] @ A.T) @ B.T (B scaled).
+
+    The transformers path keeps the gate of the forward in flight on this object, so a model runs one
+    forward at a time (as everywhere in this project: the app's passes take turns under one lock)."""
 
     def __init__(self, mask_token_id: int, deltas: dict[str, tuple[torch.Tensor, torch.Tensor]]):
         self.mask_token_id = int(mask_token_id)
@@ -71,6 +74,8 @@ class GatedLoRA:
         self.detach()
         emb = model.get_input_embeddings()
         self._handles.append(emb.register_forward_pre_hook(self._set_gate))
+        # cleared after every forward: a forward fed embeddings (no ids) must not reuse an old gate
+        self._handles.append(model.register_forward_hook(self._clear_gate))
         modules = dict(model.named_modules())
         for name in self.deltas:
             self._handles.append(modules[name].register_forward_hook(self._hook(name)))
@@ -84,6 +89,9 @@ class GatedLoRA:
 
     def _set_gate(self, module, args):
         self.gate = args[0] == self.mask_token_id
+
+    def _clear_gate(self, module, args, out):
+        self.gate = None
 
     def _hook(self, name: str):
         def hook(module, args, out):
