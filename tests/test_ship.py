@@ -12,7 +12,7 @@ from mars.training.train import with_history
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(folder: Path, steps: int, secs: float, parent: dict | None = None) -> dict:
+def _run(folder: Path, steps: int, secs: float, parent: dict | None = None, gated: bool = False) -> dict:
     folder.mkdir()
     (folder / "adapter_model.safetensors").write_bytes(b"\0" * 1000)
     (folder / "adapter_config.json").write_text("{}")
@@ -20,9 +20,11 @@ def _run(folder: Path, steps: int, secs: float, parent: dict | None = None) -> d
             "sequences": 8 * steps, "train_seconds": secs, "processes": 1,
             "recipe": {"lr": 2e-4, "threads": 1, "lora_r": 16, "lora_alpha": 32, "lora_targets": ["q_proj"]}}
     meta = with_history(meta, parent) if parent else meta
+    if gated:
+        meta.update(gated=True, data=["data/selfdistill/train.jsonl.gz", "data/selfdistill/magpie.jsonl.gz"])
     (folder / "mars.json").write_text(json.dumps(meta))
-    (folder / "log.jsonl").write_text("".join(json.dumps({"seconds": 60.0 * i, "noisy": 5 - i / 10, "clean": 0.5})
-                                              + "\n" for i in range(1, 6)))
+    rows = [{"seconds": 60.0 * i, "noisy": 5 - i / 10, **({} if gated else {"clean": 0.5})} for i in range(1, 6)]
+    (folder / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return meta
 
 
@@ -153,3 +155,19 @@ def test_arms_table_ratios_and_curve_dominance(tmp_path, load_script):
     assert out.returncode == 0, out.stderr
     lines = [x for x in out.stdout.splitlines() if x.startswith("| ") and "---" not in x][1:]
     assert len(lines) == 6 and lines[3].startswith("| a | 40 | 800 | 1.00 |") and lines[3].endswith("| yes |")
+
+
+def test_the_card_of_a_gated_adapter_says_how_it_departs_from_the_paper(tmp_path):
+    _run(tmp_path / "g", 10, 600.0, gated=True)
+    ev = {"examples": 3, "block_size": 4,
+          "draft_accuracy": {"accuracy_by_distance": {"2": 0.3}, "est_tokens_per_pass": 1.4, "calibration": []},
+          "decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.4}]}
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    cmd = [sys.executable, "scripts/ship_adapter.py", "--run", str(tmp_path / "g"), "--eval", str(tmp_path / "eval.json"),
+           "--dest", str(tmp_path / "out")]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "gated LoRA adapter" in card and "not merged" in card and "departs from the paper" in card
+    assert "gated: no clean loss" in card and "`data/selfdistill/magpie.jsonl.gz`" in card
+    assert "merged into the base weights" not in card and "shifts the model's own tau = 1.0" not in card

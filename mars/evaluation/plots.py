@@ -83,11 +83,12 @@ def loss_png(log_path, path: str | Path, title: str = "") -> Path:
         starts.append(offset)
         minutes += [offset + r["seconds"] / 60 for r in rows]
         noisy += [r["noisy"] for r in rows]
-        clean += [r["clean"] for r in rows]
+        clean += [r.get("clean", float("nan")) for r in rows]  # a gated adapter trains no clean loss
         offset = minutes[-1] if minutes else offset
     fig, ax = plt.subplots(figsize=(6, 3.6))
     ax.plot(minutes, noisy, label="noisy (mask) loss")
-    ax.plot(minutes, clean, label="clean (SFT) loss")
+    if any(c == c for c in clean):  # not all NaN
+        ax.plot(minutes, clean, label="clean (SFT) loss")
     for x in starts[1:]:
         ax.axvline(x, color="grey", ls=":", lw=1)
     ax.set(xlabel="training minutes" + (" (dotted: a new piece)" if len(logs) > 1 else ""), ylabel="cross-entropy",
