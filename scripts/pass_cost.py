@@ -12,6 +12,7 @@ reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.f
 
     python scripts/pass_cost.py --threads 1
     python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
+    python scripts/pass_cost.py --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
 """
 
 from __future__ import annotations
@@ -63,20 +64,30 @@ def make(model, name: str, capacity: int):
     return FastBackend(model, 1, capacity, dtype, layout or "auto")
 
 
-def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_len: int, seed: int = 0) -> dict:
-    """ms per pass for every backend and width: {"median": {backend: {W: ms}}, "min": ...}."""
+def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_len: int, seed: int = 0,
+            mask_id: int | None = None) -> dict:
+    """ms per pass for every backend and width: {"median": {backend: {W: ms}}, "min": ...}.
+
+    `model` may be a dict {suffix: model} (e.g. the bare model and one with an adapter): every backend then
+    runs on each, named backend + suffix. `mask_id`: every window input after the first is the mask token,
+    as in a MARS pass (a gated adapter acts at those rows only)."""
+    models = model if isinstance(model, dict) else {"": model}
     g = torch.Generator().manual_seed(seed)
-    vocab = model.config.vocab_size
+    vocab = next(iter(models.values())).config.vocab_size
     prompt = torch.randint(100, vocab, (1, prompt_len), generator=g)
     runs = {}
-    for name in backends:
-        be = make(model, name, prompt_len + max(widths) + 1)
-        causal = torch.tril(torch.ones(prompt_len, prompt_len, dtype=torch.bool))[None]
-        be.forward(prompt, torch.arange(prompt_len)[None], causal, [prompt_len - 1])
-        runs[name] = be
+    for suffix, m in models.items():
+        for name in backends:
+            be = make(m, name, prompt_len + max(widths) + 1)
+            causal = torch.tril(torch.ones(prompt_len, prompt_len, dtype=torch.bool))[None]
+            be.forward(prompt, torch.arange(prompt_len)[None], causal, [prompt_len - 1])
+            runs[name + suffix] = be
+    backends = list(runs)
     inputs = {}
     for W in widths:
         ids = torch.randint(100, vocab, (1, W), generator=g)
+        if mask_id is not None:
+            ids[0, 1:] = mask_id
         pos = torch.arange(prompt_len, prompt_len + W)[None]
         allowed = torch.ones(1, W, prompt_len + W, dtype=torch.bool)
         allowed[0, :, prompt_len:] = torch.tril(torch.ones(W, W, dtype=torch.bool))
@@ -96,18 +107,24 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
 
 
 def format_table(result: dict, widths: list[int]) -> str:
-    head = f"{'backend':<18}" + "".join(f"{'W=' + str(W):>16}" for W in widths)
+    head = f"{'backend':<24}" + "".join(f"{'W=' + str(W):>16}" for W in widths)
     lines = [head, "-" * len(head)]
     for name, row in result.items():
         base = row[widths[0]]
-        lines.append(f"{name:<18}" + "".join(f"{row[W]:8.1f}ms {row[W] / base:4.2f}x" for W in widths))
+        lines.append(f"{name:<24}" + "".join(f"{row[W]:8.1f}ms {row[W] / base:4.2f}x" for W in widths))
     ref = result.get("hf")
     if ref:
         lines.append("")
         lines.append("hf time / backend time, same width:")
         for name, row in result.items():
             if name != "hf":
-                lines.append(f"{name:<18}" + "".join(f"{ref[W] / row[W]:15.2f}x" for W in widths))
+                lines.append(f"{name:<24}" + "".join(f"{ref[W] / row[W]:15.2f}x" for W in widths))
+    with_adapter = [n for n in result if "+adapter" in n]
+    if with_adapter:
+        lines += ["", "with the adapter / bare, same backend and width:"]
+        for name in with_adapter:
+            bare = result[name.split("+adapter")[0]]
+            lines.append(f"{name:<24}" + "".join(f"{result[name][W] / bare[W]:15.2f}x" for W in widths))
     return "\n".join(lines)
 
 
@@ -120,13 +137,23 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--adapter", default=None,
+                    help="also run every backend on the model with this adapter (merged, or gated: kept apart), "
+                         "named <backend>+adapter, interleaved with the bare model's")
+    ap.add_argument("--masks", action="store_true",
+                    help="window inputs after the first are the mask token, as in a MARS pass")
     ap.add_argument("--out", default=None, help="also write the table as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     from mars.models.loading import load
 
     lm = load(args.model, adapter="none", dtype=args.dtype)
-    result = measure(lm.model, args.backends, args.widths, args.rounds, args.prompt_len)
+    models = {"": lm.model}
+    if args.adapter:
+        with_adapter = load(args.model, adapter=args.adapter, dtype=args.dtype)
+        models["+adapter" + (" (gated)" if with_adapter.gated else "")] = with_adapter.model
+    result = measure(models, args.backends, args.widths, args.rounds, args.prompt_len,
+                     mask_id=lm.mask_token_id if args.masks else None)
     for stat in ("median", "min"):
         print(f"\nms per pass ({stat} of {args.rounds} rounds) and ratio to the {args.widths[0]}-input pass; "
               f"{args.threads} thread(s), cached prefix {args.prompt_len}")

@@ -171,3 +171,14 @@ def test_the_app_says_the_adapter_is_gated(pair):
     assert "gated: acts at mask positions only" in table and "adapter" in table
     _, table, *_ = app_module.create_demo(lambda: bare).mars_app.model_info()
     assert "gated" not in table
+
+
+def test_pass_cost_times_the_bare_and_the_gated_model_side_by_side(pair, load_script):
+    pc = load_script("pass_cost")
+    bare, gated = pair
+    res = pc.measure({"": bare.model, "+adapter (gated)": gated.model}, ["fast", "hf"], [1, 3], rounds=1,
+                     prompt_len=8, mask_id=gated.mask_token_id)
+    assert set(res["median"]) == {"fast", "hf", "fast+adapter (gated)", "hf+adapter (gated)"}
+    assert all(ms > 0 for row in res["median"].values() for ms in row.values())
+    table = pc.format_table(res["median"], [1, 3])
+    assert "with the adapter / bare" in table and "hf+adapter (gated)" in table
