@@ -147,6 +147,9 @@ def test_history_chains_pieces():
     c = with_history(m(20, 300.0, procs=2), b)
     assert [h["steps"] for h in c["history"]] == [5, 10]
     assert c["total"] == {"steps": 35, "sequences": 280, "train_seconds": 460.0, "cpu_seconds": 760.0}
+    # a run that shared its cores records its own CPU time: that, not wall time, is what it cost
+    d = with_history(m(10, 300.0, train_cpu_seconds=120.0), c)
+    assert d["total"]["cpu_seconds"] == 880.0 and d["total"]["train_seconds"] == 760.0
 
 
 def test_train_with_distillation_term(tiny_dir, tmp_path):

@@ -371,7 +371,9 @@ def with_history(meta: dict, parent: dict | None) -> dict:
         rec = m.get("recipe", {})
         procs = m.get("processes", 1)
         return {"steps": m["steps"], "sequences": m["sequences"], "train_seconds": m["train_seconds"],
-                "cpu_seconds": round(m["train_seconds"] * procs * max(1, rec.get("threads") or 1), 1),
+                # measured CPU time where recorded (runs sharing cores), else wall time x processes x threads
+                "cpu_seconds": round(m["train_cpu_seconds"] * procs if m.get("train_cpu_seconds")
+                                     else m["train_seconds"] * procs * max(1, rec.get("threads") or 1), 1),
                 "processes": procs, "lr": rec.get("lr"), "data": m.get("data")}
 
     history = []
