@@ -112,9 +112,12 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     per distance, plus real tokens per forward at each tau where measured.
 
     points: [{"cpu_hours", "est_tokens_per_pass", "accuracy_by_distance": {"2": ..}, "tokens_per_pass": {"0.9": ..}} (older files: "tokens_per_forward")]
+    A point with a "branch" (an arm that left the shipped chain: other recipe, not continued) is drawn as a
+    lone marker named by its label, not joined to the chain's line.
     """
     plt = _plt()
-    pts = sorted(points, key=lambda p: p["cpu_hours"])
+    pts = sorted((p for p in points if not p.get("branch")), key=lambda p: p["cpu_hours"])
+    branches = [p for p in points if p.get("branch")]
     x = [p["cpu_hours"] for p in pts]
     with_quality = [p for p in pts if "1" in p.get("quality", {})]
     fig, axes = plt.subplots(1, 3 if with_quality else 2, figsize=(13.5 if with_quality else 9, 3.6))
@@ -127,6 +130,12 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     axes[0].set(xlabel="training CPU-hours", ylabel="tokens per forward", title="acceptance against training time")
     for d in sorted({d for p in pts for d in p["accuracy_by_distance"]}, key=int):
         axes[1].plot(x, [p["accuracy_by_distance"].get(d) for p in pts], "o-", label=f"distance {d}")
+    for i, p in enumerate(branches):
+        axes[0].plot(p["cpu_hours"], p["est_tokens_per_pass"], "x", color="k", label="arms (not continued)" if i == 0 else None)
+        axes[0].annotate(p["branch"], (p["cpu_hours"], p["est_tokens_per_pass"]), fontsize=7, xytext=(3, -8),
+                         textcoords="offset points")
+        for j, (d, a) in enumerate(sorted(p["accuracy_by_distance"].items(), key=lambda kv: int(kv[0]))):
+            axes[1].plot(p["cpu_hours"], a, "x", color=f"C{j}")
     axes[1].set(xlabel="training CPU-hours", ylabel="draft accuracy (teacher-forced)", title="mask accuracy")
     if with_quality:  # the price of those tokens: the text's NLL under the model in AR mode, over its own AR text's
         for tau in sorted({t for p in with_quality for t in p["quality"] if t != "1"}, reverse=True):
