@@ -10,6 +10,9 @@
 # authors' per-sequence weighting, each continuing the shipped adapter with its own recipe (lr 5e-4, B=4,
 # last slot skipped), and the gated adapter (from the bare model, as the issue asks). ONLY="a b" runs some arms; several calls with different ONLY run side by side.
 set -euo pipefail
+# the whole script is one { ... } block, parsed before it runs: editing this file while arms train (they
+# run for hours) cannot change what a running copy does next
+{
 cd "$(dirname "$0")/.."
 MINUTES=${MINUTES:-20}
 THREADS=${THREADS:-1}
@@ -59,10 +62,12 @@ from pathlib import Path
 out = Path(sys.argv[1])
 print("| recipe | CPU min | seqs | acc d2 | acc d3 | est tok/pass | tok/fwd tau .9 | tok/fwd tau .7 | NLL tau .9 | known tau .9 |")
 print("|---|---|---|---|---|---|---|---|---|---|")
-for d in sorted(p for p in out.iterdir() if (p / "eval.json").is_file()):
+for d in sorted(p for p in out.iterdir() if (p / "eval.json").is_file() and (p / "mars.json").is_file()):
     ev = json.loads((d / "eval.json").read_text()); meta = json.loads((d / "mars.json").read_text())
     acc = ev["draft_accuracy"]["accuracy_by_distance"]; dec = {r["tau"]: r for r in ev["decoding"]}
     print(f"| {d.name} | {meta.get('train_cpu_seconds', meta['train_seconds'])/60:.0f} | {meta['sequences']} | {acc.get('2', 0):.2f} | {acc.get('3', 0):.2f} "
           f"| {ev['draft_accuracy']['est_tokens_per_pass']:.2f} | {dec[0.9].get('tokens_per_pass', dec[0.9].get('tokens_per_forward')):.3f} | {dec[0.7].get('tokens_per_pass', dec[0.7].get('tokens_per_forward')):.3f} "
           f"| {dec[0.9]['mean_nll_under_ar']:.3f} | {dec[0.9].get('known_answer_accuracy', 0):.2f} |")
 EOF
+exit
+}
