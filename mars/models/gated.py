@@ -26,6 +26,26 @@ GATED_KEY = "gated"  # mars.json flag
 _PREFIX = "base_model.model."  # peft's prefix of the wrapped model's module names
 
 
+class MaskRows:
+    """The rows of the forward in flight whose input is the mask token: set by a pre-hook on the input
+    embedding, cleared after the model's forward (a forward fed embeddings, with no ids, must not reuse an
+    old gate). One per model; the model runs one forward at a time."""
+
+    def __init__(self, mask_token_id: int):
+        self.mask_token_id = int(mask_token_id)
+        self.rows: torch.Tensor | None = None  # (b, W) bool
+
+    def watch(self, model) -> list:
+        def set_rows(module, args):
+            self.rows = args[0] == self.mask_token_id
+
+        def clear(module, args, out):
+            self.rows = None
+
+        return [model.get_input_embeddings().register_forward_pre_hook(set_rows),
+                model.register_forward_hook(clear)]
+
+
 class GatedLoRA:
     """LoRA deltas per Linear module, added only at gated rows: y[g] += (x[g] @ A.T) @ B.T (B scaled).
 
@@ -35,7 +55,7 @@ class GatedLoRA:
     def __init__(self, mask_token_id: int, deltas: dict[str, tuple[torch.Tensor, torch.Tensor]]):
         self.mask_token_id = int(mask_token_id)
         self.deltas = deltas  # module name -> (A (r, in), B * scaling (out, r))
-        self.gate: torch.Tensor | None = None  # (b, W) bool of the pass in flight (set by the embedding hook)
+        self.mask_rows = MaskRows(mask_token_id)  # the transformers path's gate
         self._handles: list = []
 
     @classmethod
@@ -72,10 +92,7 @@ class GatedLoRA:
     def attach(self, model) -> "GatedLoRA":
         """Hook the gate into `model` (transformers' forward) and mark it for the fast path."""
         self.detach()
-        emb = model.get_input_embeddings()
-        self._handles.append(emb.register_forward_pre_hook(self._set_gate))
-        # cleared after every forward: a forward fed embeddings (no ids) must not reuse an old gate
-        self._handles.append(model.register_forward_hook(self._clear_gate))
+        self._handles += self.mask_rows.watch(model)
         modules = dict(model.named_modules())
         for name in self.deltas:
             self._handles.append(modules[name].register_forward_hook(self._hook(name)))
@@ -87,15 +104,9 @@ class GatedLoRA:
             h.remove()
         self._handles = []
 
-    def _set_gate(self, module, args):
-        self.gate = args[0] == self.mask_token_id
-
-    def _clear_gate(self, module, args, out):
-        self.gate = None
-
     def _hook(self, name: str):
         def hook(module, args, out):
-            return self.apply(name, args[0], out, self.gate)
+            return self.apply(name, args[0], out, self.mask_rows.rows)
         return hook
 
     def apply(self, name: str, x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -114,31 +125,30 @@ class GatedLoRA:
         none of them is adapted."""
         if not any(n in self.deltas for n in modules):
             return None
+        ref = next(self.deltas[n][0] for n in modules if n in self.deltas)  # dtype and device of the deltas
         parts = []
         for n, mod in modules.items():
-            a, b = self.deltas.get(n) or (torch.zeros(0, mod.in_features), torch.zeros(mod.out_features, 0))
-            parts.append((a, b))
+            empty = (ref.new_zeros(0, mod.in_features), ref.new_zeros(mod.out_features, 0))
+            parts.append(self.deltas.get(n) or empty)
         return torch.cat([a for a, _ in parts]), torch.block_diag(*[b for _, b in parts])
 
 
 def gate_peft_model(model, mask_token_id: int) -> list:
     """Training: multiply every LoRA layer's lora_B output by the gate, so the adapter acts only at mask
     rows. Returns the hook handles."""
-    gate = {}
-
-    def set_gate(module, args):
-        gate["g"] = (args[0] == mask_token_id)
+    gate = MaskRows(mask_token_id)
 
     def hook(module, args, out):
-        g = gate.get("g")
+        g = gate.rows
         if g is None or g.shape != out.shape[:-1]:
             raise RuntimeError("gated LoRA: the gate does not match this forward's rows")
         return out * g.unsqueeze(-1).to(out.dtype)
 
-    handles = [model.get_input_embeddings().register_forward_pre_hook(set_gate)]
+    handles = gate.watch(model)
+    n_hooks = len(handles)
     for name, mod in model.named_modules():
         if name.split(".")[-2:-1] == ["lora_B"]:  # lora_B.<adapter name>
             handles.append(mod.register_forward_hook(hook))
-    if len(handles) == 1:
+    if len(handles) == n_hooks:
         raise ValueError("gate_peft_model: no LoRA layers found")
     return handles
