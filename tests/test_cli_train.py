@@ -234,6 +234,8 @@ def test_train_stops_on_its_cpu_budget_and_records_it(tiny_dir, tmp_path):
     assert [r["step"] for r in log] == [1]  # the budget is spent within the first step
     meta = json.loads((tmp_path / "c" / "mars.json").read_text())
     assert meta["steps"] == 1 and meta["train_cpu_seconds"] > 0 and meta["recipe"]["max_cpu_minutes"] == 0.00001
+    bad = run_cli(*train_args(tiny_dir, data, tmp_path / "z", 5, "--max-cpu-minutes", "0"))
+    assert bad.returncode == 2 and "max_cpu_minutes must be > 0" in bad.stderr
 
 
 def test_snapshot_choice_rule():

@@ -84,6 +84,9 @@ class TrainConfig:
         for name in ("block_size", "batch_size", "grad_accum", "max_length", "save_every", "lora_r"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        for name in ("max_minutes", "max_cpu_minutes"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.select_limit < 1:
             raise ValueError("select_limit must be >= 1")
         if not (0.0 <= self.select_threshold <= 1.0 and 0.0 <= self.select_precision <= 1.0):
