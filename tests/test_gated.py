@@ -182,3 +182,28 @@ def test_pass_cost_times_the_bare_and_the_gated_model_side_by_side(pair, load_sc
     assert all(ms > 0 for row in res["median"].values() for ms in row.values())
     table = pc.format_table(res["median"], [1, 3])
     assert "with the adapter / bare" in table and "hf+adapter (gated)" in table
+
+
+def test_float32_fast_path_adds_the_gated_delta_to_its_packed_matrices_as_transformers_does(tiny_dir, gated_dir):
+    """float32 is where the fast path runs oneDNN-packed copies of its fused matrices (q|k|v, gate|up) for
+    passes of more than two rows, a MARS pass's case; the float64 tests above never reach that code."""
+    from mars.core.fastpath import FastLM
+
+    gated = load(str(tiny_dir), adapter=str(gated_dir), dtype="float32")
+    fast = FastLM(gated.model)
+    lin = fast.layers[0].qkv
+    assert lin.packed is not None and lin.lora is not None
+    a, b = lin.lora
+    w = torch.cat([gated.model.get_submodule(f"model.layers.0.self_attn.{n}_proj").weight for n in "qkv"])
+    x = torch.randn(1, 5, w.shape[1])
+    gate = torch.tensor([0.0, 1, 1, 0, 1]).view(1, 5, 1)
+    want = x @ w.T
+    torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)  # no gate: the bare matrices
+    torch.testing.assert_close(lin(x, gate), want + gate * ((x @ a.T) @ b.T), rtol=1e-5, atol=1e-5)
+
+    ids = [encode_prompt(gated.tokenizer, p) for p in PROMPTS]
+    runs = {bk: generate_ids(gated, ids, DecodeConfig(mode="mars", tau=0.5, block_size=4, max_new_tokens=16,
+                                                      backend=bk)) for bk in ("hf", "fast")}
+    for h, f in zip(runs["hf"], runs["fast"]):
+        assert h.token_ids == f.token_ids
+        assert [len(s.token_ids) for s in h.steps] == [len(s.token_ids) for s in f.steps]
