@@ -302,3 +302,39 @@ def test_train_reads_several_data_files_as_one_set(tiny_dir, tmp_path):
     single, both = epoch(tmp_path / "one", one), epoch(tmp_path / "both", one, two)
     assert single["sequences"] == 12 and both["sequences"] == 24  # 12 examples per file
     assert both["data"] == [str(one), str(two)] and single["data"] == str(one)
+
+
+def test_autocast_is_refused_on_avx2_only_cpus_and_warns_where_bfloat16_is_emulated():
+    """Checked with given flag sets, so both answers are tested on any machine (CI may be AVX2 only)."""
+    import contextlib
+
+    from mars.training.train import TrainConfig, autocast_context
+
+    assert autocast_context(None, "cpu") is contextlib.nullcontext
+    with pytest.raises(ValueError, match="train without --autocast"):
+        autocast_context("bfloat16", "cpu", flags={"avx", "avx2", "fma"})
+    with pytest.warns(UserWarning, match="emulated"):
+        ctx = autocast_context("bfloat16", "cpu", flags={"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+    with ctx():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="autocast must be"):
+        TrainConfig(data="d", out="o", autocast="float16")
+
+
+@pytest.mark.skipif(__import__("mars.core.fastpath", fromlist=["x"]).bf16_unsupported_reason() is not None,
+                    reason="this CPU has no oneDNN bfloat16 path (the refusal is tested above)")
+def test_train_with_bfloat16_autocast_keeps_float32_weights_and_tracks_the_float32_loss(tiny_dir, tmp_path):
+    data = _data(tmp_path / "d.jsonl")
+    runs = {}
+    for name, extra in (("f32", ()), ("bf16", ("--autocast", "bfloat16"))):
+        r = run_cli(*train_args(tiny_dir, data, tmp_path / name, 2, "--gated", *extra))
+        assert r.returncode == 0, r.stderr
+        runs[name] = [json.loads(x)["noisy"] for x in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+    first32, first16 = runs["f32"][0], runs["bf16"][0]
+    assert first16 != first32  # autocast did act: bfloat16 matmuls round differently
+    assert abs(first16 - first32) < 0.05 * first32  # and the loss is the same loss
+    from safetensors.torch import load_file
+
+    weights = load_file(tmp_path / "bf16" / "adapter_model.safetensors")
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    assert json.loads((tmp_path / "bf16" / "mars.json").read_text())["recipe"]["autocast"] == "bfloat16"
