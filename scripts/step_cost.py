@@ -6,6 +6,8 @@ clean copy saves.
              backward pass still runs through them (they are in the same tensors as the noisy rows)
   gated      the gated adapter as `python -m mars train --gated` runs it (`gated_forward`): the clean copy
              once without gradient, its keys and values handed to a differentiated noisy-copy forward
+  gated-bf16 the same under `train --autocast bfloat16` (the forward's matmuls in bfloat16); only where
+             this CPU has oneDNN's bfloat16 path
 
 Same micro-batches (real training examples at the arms' settings), layouts interleaved round by round in
 one process so a background load falls on all alike; medians and ratios to `standard` are printed.
@@ -64,6 +66,18 @@ def main() -> None:
         return noisy_loss(gated_forward(gated, b, gated.disable_adapter()), b)["loss"]
 
     layouts = {"standard": standard, "gated-one": gated_one, "gated": gated_two}
+    from mars.core.fastpath import bf16_unsupported_reason
+
+    if bf16_unsupported_reason() is None:
+        from mars.training.train import autocast_context
+
+        amp = autocast_context("bfloat16", "cpu")
+
+        def gated_bf16(b):
+            with amp():
+                return gated_two(b)
+
+        layouts["gated-bf16"] = gated_bf16
     times = {k: [] for k in layouts}
     for b in batches[:1]:  # warm-up
         for f in layouts.values():
