@@ -207,3 +207,39 @@ def test_float32_fast_path_adds_the_gated_delta_to_its_packed_matrices_as_transf
     for h, f in zip(runs["hf"], runs["fast"]):
         assert h.token_ids == f.token_ids
         assert [len(s.token_ids) for s in h.steps] == [len(s.token_ids) for s in f.steps]
+
+
+def test_a_kept_run_stores_half_the_bytes_loads_back_and_continues(tiny_dir, tmp_path, load_script):
+    """scripts/keep_run.py: a long run is trained in pieces across sessions and runs/ does not survive a
+    stop, so the adapter is committed in float16; the loader and the trainer read it back into float32."""
+    data = tmp_path / "d.jsonl"
+    rows = [{"messages": [{"role": "user", "content": "add 2 + 3"},
+                          {"role": "assistant", "content": "2 + 3 = 5 . so the number is 5 ."}]}] * 6
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["train", "--data", str(data), "--model", str(tiny_dir), "--max-steps", "2", "--batch-size", "2",
+            "--grad-accum", "1", "--lr", "5e-2", "--lora-r", "4", "--lora-alpha", "8", "--warmup-ratio", "0",
+            "--gated"]
+    assert run_cli(*args, "--out", str(tmp_path / "g")).returncode == 0
+    keep = load_script("keep_run")
+    res = keep.keep(tmp_path / "g", tmp_path / "kept", note="a test")
+    src, kept = tmp_path / "g" / keep.WEIGHTS, tmp_path / "kept" / keep.WEIGHTS
+    assert kept.stat().st_size < 0.6 * src.stat().st_size and 0 < res["max_relative_rounding"] < 1e-3
+    meta = json.loads((tmp_path / "kept" / "mars.json").read_text())
+    assert meta["gated"] is True and meta["kept"]["note"] == "a test" and (tmp_path / "kept" / "log.jsonl").is_file()
+
+    a = load(str(tiny_dir), adapter=str(tmp_path / "g"), dtype="float32")
+    b = load(str(tiny_dir), adapter=str(tmp_path / "kept"), dtype="float32")
+    assert b.gated and all(x.dtype == torch.float32 for d in b.model._mars_gated.deltas.values() for x in d)
+    ids = torch.tensor([encode_prompt(a.tokenizer, PROMPTS[0]) + [a.mask_token_id] * 3])
+    la, lb = a.model(ids).logits, b.model(ids).logits
+    assert not torch.equal(la, lb) and torch.allclose(la, lb, atol=1e-3)  # rounded, and only rounded
+
+    more = run_cli(*args, "--out", str(tmp_path / "next"), "--adapter", str(tmp_path / "kept"))
+    assert more.returncode == 0, more.stderr
+    nxt = json.loads((tmp_path / "next" / "mars.json").read_text())
+    assert nxt["total"]["steps"] == 4 and len(nxt["history"]) == 1
+    from safetensors.torch import load_file
+
+    assert all(w.dtype == torch.float32 for w in load_file(tmp_path / "next" / keep.WEIGHTS).values())
+    with pytest.raises(SystemExit, match="no finished adapter"):
+        keep.keep(tmp_path / "missing", tmp_path / "k2")
