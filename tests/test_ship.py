@@ -88,6 +88,11 @@ def test_curve_points_merge_decoding_and_refuse_mixed_example_counts(tmp_path, l
     assert [r["name"] for r in later] == ["a", "b", "d"] and later[1] == rows[1]
     with pytest.raises(SystemExit, match="different numbers"):
         build([("e", tf("e", 40, 1.5), 3.0)], {}, previous=rows)
+    dec20 = tmp_path / "dec20.json"
+    dec20.write_text(json.dumps({"examples": 20, **json.loads(dec.read_text())}))
+    arm = build([("g", tf("g", 100, 1.2), 0.5)], {"g": str(dec20)}, previous=rows, branches={"g": "gated"})
+    g = next(r for r in arm if r["name"] == "g")
+    assert g["branch"] == "gated" and g["decoding_examples"] == 20 and "branch" not in arm[-1]
 
 
 def test_shipped_logs_carry_the_whole_chain_when_shipping_over_the_previous_adapter(tmp_path, load_script):
