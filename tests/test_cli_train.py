@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.core.fastpath import bf16_unsupported_reason
 from mars.models.loading import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -321,7 +322,7 @@ def test_autocast_is_refused_on_avx2_only_cpus_and_warns_where_bfloat16_is_emula
         TrainConfig(data="d", out="o", autocast="float16")
 
 
-@pytest.mark.skipif(__import__("mars.core.fastpath", fromlist=["x"]).bf16_unsupported_reason() is not None,
+@pytest.mark.skipif(bf16_unsupported_reason() is not None,
                     reason="this CPU has no oneDNN bfloat16 path (the refusal is tested above)")
 def test_train_with_bfloat16_autocast_keeps_float32_weights_and_tracks_the_float32_loss(tiny_dir, tmp_path):
     data = _data(tmp_path / "d.jsonl")

@@ -82,8 +82,10 @@ def cpu_flags() -> set[str] | None:
     return None
 
 
-def bf16_unsupported_reason(flags: set[str] | None = None) -> str | None:
-    """None when oneDNN can run bfloat16 matrices on this CPU, else a message saying why not and what to use.
+def bf16_unsupported_reason(flags: set[str] | None = None,
+                            advice: str = "use backend 'fast' (float32, exact) instead of 'fast-bf16'") -> str | None:
+    """None when oneDNN can run bfloat16 matrices on this CPU, else a message saying why not and, `advice`,
+    what to use instead (the decoder's by default; the trainer passes its own).
 
     `flags` defaults to this CPU's (`cpu_flags`); tests pass other sets to check both answers anywhere.
     """
@@ -95,7 +97,7 @@ def bf16_unsupported_reason(flags: set[str] | None = None) -> str | None:
     if ok:
         return None
     return ("bfloat16 matrices need a CPU with AVX-512 (avx512bw, avx512vl, avx512dq) or AVX-NE-CONVERT, "
-            "and this one has neither (AVX2 only?): use backend 'fast' (float32, exact) instead of 'fast-bf16'")
+            f"and this one has neither (AVX2 only?): {advice}")
 
 
 SMALL_ROWS = 2  # passes of up to this many rows (batch x width) use the model's own matrices

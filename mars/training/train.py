@@ -343,10 +343,10 @@ def autocast_context(autocast: str | None, device_type: str, flags: set[str] | N
     if device_type == "cpu":
         from mars.core.fastpath import bf16_unsupported_reason, cpu_flags
 
-        reason = bf16_unsupported_reason(flags)
+        flags = cpu_flags() if flags is None else flags  # read once: the check and the warning both need them
+        reason = bf16_unsupported_reason(flags, advice="train without --autocast (float32)")
         if reason:
-            raise ValueError("--autocast bfloat16: " + reason.split(":")[0] + ": train without --autocast (float32)")
-        flags = cpu_flags() if flags is None else flags
+            raise ValueError("--autocast bfloat16: " + reason)
         if flags is not None and not flags & {"amx_bf16", "avx512_bf16"}:
             warnings.warn("--autocast bfloat16 on a CPU without AMX or AVX512-BF16 is emulated: "
                           "it may be slower than float32", stacklevel=2)
