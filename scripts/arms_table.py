@@ -12,6 +12,14 @@ every arm) and mars.json (its training record), or NAME=EVAL_JSON. Quality colum
   known       known-answer accuracy at that tau
 A curve dominates the reference when every reference point (tokens per forward, NLL x AR) at tau < 1 has
 a point of the curve at least as fast and at most as costly (and the curves differ).
+
+`--judge bare` judges both verdicts by NLL x bare instead: one yardstick for every arm. Why: an adapter
+that changes the model's own AR mode (merged LoRA) is otherwise judged by a different model than a gated
+one, whose AR mode is the bare model. The second verdict, "at ref's speeds", reads the arm's curve at
+each reference point's tokens per forward (straight lines between its points, tau 1.0 included) and
+counts the reference points it beats (lower NLL there), loses to, and does not reach (faster than the
+arm's fastest point): `better/worse/beyond`. Few taus rarely give the point-wise dominance; this says
+where along the speed axis one curve is below the other.
 """
 
 from __future__ import annotations
@@ -49,11 +57,35 @@ def points(ev: dict, bare_nll: float | None) -> list[dict]:
     return out
 
 
-def dominates(curve: list[dict], ref: list[dict]) -> bool:
+def dominates(curve: list[dict], ref: list[dict], key: str = "nll_x_ar") -> bool:
     """Every reference point at tau < 1 is matched or beaten on both axes by some point of `curve`."""
-    cp = [(p["tokens_per_pass"], p["nll_x_ar"]) for p in curve if p["tau"] < 1.0]
-    rp = [(p["tokens_per_pass"], p["nll_x_ar"]) for p in ref if p["tau"] < 1.0]
+    cp = [(p["tokens_per_pass"], p[key]) for p in curve if p["tau"] < 1.0 and p[key] is not None]
+    rp = [(p["tokens_per_pass"], p[key]) for p in ref if p["tau"] < 1.0 and p[key] is not None]
     return bool(rp) and all(any(s >= rs and q <= rq for s, q in cp) for rs, rq in rp) and sorted(cp) != sorted(rp)
+
+
+def nll_at(curve: list[dict], speed: float, key: str) -> float | None:
+    """The curve's NLL at `speed` tokens per forward, on straight lines between its points (None: beyond it)."""
+    pts = sorted((p["tokens_per_pass"], p[key]) for p in curve if p[key] is not None)
+    if not pts or speed > pts[-1][0]:
+        return None
+    if speed <= pts[0][0]:
+        return pts[0][1]
+    for (s0, q0), (s1, q1) in zip(pts, pts[1:]):
+        if s0 <= speed <= s1:
+            return q0 if s1 == s0 else q0 + (q1 - q0) * (speed - s0) / (s1 - s0)
+    return None
+
+
+def at_ref_speeds(curve: list[dict], ref: list[dict], key: str) -> dict:
+    """How the curve compares with each reference point at tau < 1, at that point's tokens per forward."""
+    out = {"better": 0, "worse": 0, "beyond": 0}
+    for p in ref:
+        if p["tau"] >= 1.0 or p[key] is None:
+            continue
+        q = nll_at(curve, p["tokens_per_pass"], key)
+        out["beyond" if q is None else "better" if q < p[key] else "worse"] += 1
+    return out
 
 
 def main() -> None:
@@ -62,7 +94,12 @@ def main() -> None:
     ap.add_argument("--reference", nargs=2, metavar=("NAME", "EVAL_JSON"), default=None)
     ap.add_argument("--bare", default=None, help="eval.json of the bare model (--adapter none)")
     ap.add_argument("--json", default=None, help="also write every point here")
+    ap.add_argument("--judge", choices=("ar", "bare"), default="ar",
+                    help="the NLL the verdicts use: each model's own AR mode, or the bare model (needs --bare)")
     args = ap.parse_args()
+    if args.judge == "bare" and not args.bare:
+        ap.error("--judge bare needs --bare")
+    key = f"nll_x_{args.judge}"
 
     bare_nll = None
     if args.bare:
@@ -74,17 +111,20 @@ def main() -> None:
     curves = {name: points(ev, bare_nll) for name, ev, _ in arms}
     ref = curves[args.reference[0]] if args.reference else None
 
-    print("| arm | CPU min | sequences | tau | tokens/forward | NLL x AR | NLL x bare | known | dominates ref |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| arm | CPU min | sequences | tau | tokens/forward | NLL x AR | NLL x bare | known "
+          f"| dominates ref (NLL x {args.judge.upper() if args.judge == 'ar' else 'bare'}) | at ref's speeds |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, ev, meta in arms:
         cpu = meta.get("train_cpu_seconds", meta.get("train_seconds"))
-        dom = "" if ref is None or curves[name] is ref else ("yes" if dominates(curves[name], ref) else "no")
+        own = ref is None or curves[name] is ref
+        dom = "" if own else ("yes" if dominates(curves[name], ref, key) else "no")
+        speeds = "" if own else "{better}/{worse}/{beyond}".format(**at_ref_speeds(curves[name], ref, key))
         first = [name, f"{cpu / 60:.0f}" if cpu else "-", str(meta.get("sequences", "-"))]
         for i, p in enumerate(curves[name]):
             cells = (first if i == 0 else ["", "", ""]) + [
                 f"{p['tau']:.2f}", f"{p['tokens_per_pass']:.3f}", f"{p['nll_x_ar']:.3f}",
                 "-" if p["nll_x_bare"] is None else f"{p['nll_x_bare']:.3f}",
-                "-" if p["known"] is None else f"{p['known']:.2f}", dom if i == 0 else ""]
+                "-" if p["known"] is None else f"{p['known']:.2f}", dom if i == 0 else "", speeds if i == 0 else ""]
             print("| " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(curves, indent=1))

@@ -159,7 +159,43 @@ def test_arms_table_ratios_and_curve_dominance(tmp_path, load_script):
                           str(tmp_path / "ref.json")], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr
     lines = [x for x in out.stdout.splitlines() if x.startswith("| ") and "---" not in x][1:]
-    assert len(lines) == 6 and lines[3].startswith("| a | 40 | 800 | 1.00 |") and lines[3].endswith("| yes |")
+    assert len(lines) == 6 and lines[3].startswith("| a | 40 | 800 | 1.00 |") and lines[3].endswith("| yes | 2/0/0 |")
+
+
+def test_arms_table_reads_a_curve_at_the_references_speeds(load_script):
+    arms = load_script("arms_table")
+    curve = arms.points(_eval([(1.0, 1.0, 0.5, 0.5, 0.5), (0.9, 1.2, 0.6, 0.6, 0.5), (0.7, 1.4, 0.9, 0.9, 0.5)]), 0.5)
+    assert arms.nll_at(curve, 1.1, "nll_x_ar") == pytest.approx(1.1)  # halfway between 1.0 and 1.2
+    assert arms.nll_at(curve, 1.3, "nll_x_ar") == pytest.approx(1.5)
+    assert arms.nll_at(curve, 1.4, "nll_x_ar") == pytest.approx(1.8)
+    assert arms.nll_at(curve, 1.41, "nll_x_ar") is None  # faster than the curve's fastest point
+    # the reference: one point below the curve, one above it, one the curve does not reach
+    ref = arms.points(_eval([(1.0, 1.0, 0.5, 0.5, 0.5), (0.9, 1.1, 0.52, 0.52, 0.5), (0.8, 1.3, 0.8, 0.8, 0.5),
+                             (0.7, 1.5, 0.9, 0.9, 0.5)]), 0.5)
+    assert arms.at_ref_speeds(curve, ref, "nll_x_ar") == {"better": 1, "worse": 1, "beyond": 1}
+    assert not arms.dominates(curve, ref) and not arms.dominates(ref, curve)
+
+
+def test_arms_table_judges_by_the_bare_model_when_asked(tmp_path, load_script):
+    """A merged adapter whose own AR mode drifted looks cheap under its own AR mode and dear under the bare
+    model; --judge bare puts both arms under the one yardstick."""
+    arms = load_script("arms_table")
+    drifted = _eval([(1.0, 1.0, 0.5, 0.65, 0.3), (0.9, 1.2, 0.55, 0.75, 0.3)])  # own AR: 1.1x; bare: 1.5x
+    gated = _eval([(1.0, 1.0, 0.5, 0.5, 0.5), (0.9, 1.2, 0.65, 0.65, 0.5)])  # own AR = bare: 1.3x
+    bare = {"decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.5}]}
+    for name, ev in (("drifted", drifted), ("gated", gated), ("bare", bare)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(ev))
+    cmd = [sys.executable, "scripts/arms_table.py", f"gated={tmp_path / 'gated.json'}", "--reference", "drifted",
+           str(tmp_path / "drifted.json"), "--bare", str(tmp_path / "bare.json")]
+    rows = {}
+    for judge in ("ar", "bare"):
+        out = subprocess.run(cmd + ["--judge", judge], capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        rows[judge] = [x for x in out.stdout.splitlines() if x.startswith("| gated |")][0]
+    assert rows["ar"].endswith("| no | 0/1/0 |")
+    assert rows["bare"].endswith("| yes | 1/0/0 |")
+    out = subprocess.run(cmd[:-2] + ["--judge", "bare"], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode != 0 and "--judge bare needs --bare" in out.stderr
 
 
 def test_the_card_of_a_gated_adapter_says_how_it_departs_from_the_paper(tmp_path):
