@@ -95,7 +95,18 @@ def main() -> int:
     ap.add_argument("--dest", default=str(DEST), help="where the adapter goes (default assets/mars-adapter)")
     ap.add_argument("--extra", default=None, help="markdown appended before the limits (speed, notes)")
     ap.add_argument("--limits", default=None, help="markdown list of this checkpoint's own limits")
+    ap.add_argument("--compare", nargs="*", default=[], metavar="NAME=EVAL_JSON",
+                    help="other checkpoints' evals (the same prompts) drawn beside this one in pareto.png")
+    ap.add_argument("--judge", choices=("ar", "bare"), default="ar",
+                    help="pareto.png's quality axis: NLL under each model's own AR mode, or under the bare model "
+                         "(one yardstick when the compared adapters' AR modes differ)")
     args = ap.parse_args()
+    compare = {}
+    for spec in args.compare:
+        name, sep, path = spec.partition("=")
+        if not sep or not Path(path).is_file():
+            raise SystemExit(f"--compare wants NAME=EVAL_JSON with an existing file, got {spec!r}")
+        compare[name] = json.loads(Path(path).read_text())
     dest = Path(args.dest)
     run = Path(args.run)
     weights = run / "adapter_model.safetensors"
@@ -111,7 +122,8 @@ def main() -> int:
     logs = ship_logs([Path(d) for d in args.earlier] + [run], dest / "logs")
     loss_png(logs, dest / "loss.png", title=f"MARS LoRA on SmolLM2-135M-Instruct, B={meta['block_size']}")
     calibration_png(ev, dest / "calibration.png")
-    pareto_png({"MARS adapter": ev, **({"bare model": bare} if bare else {})}, dest / "pareto.png")
+    pareto_png({"MARS adapter": ev, **compare, **({"bare model": bare} if bare else {})}, dest / "pareto.png",
+               judge=args.judge)
     log = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if x.strip()]
     total = meta.get("total") or with_history(meta, None)["total"]  # a run in one piece: its own totals
     pieces = len(meta.get("history", [])) + 1

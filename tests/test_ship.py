@@ -212,3 +212,34 @@ def test_the_card_of_a_gated_adapter_says_how_it_departs_from_the_paper(tmp_path
     assert "gated LoRA adapter" in card and "not merged" in card and "departs from the paper" in card
     assert "gated: no clean loss" in card and "`data/selfdistill/magpie.jsonl.gz`" in card
     assert "merged into the base weights" not in card and "shifts the model's own tau = 1.0" not in card
+
+
+def test_pareto_points_judge_every_checkpoint_by_one_model():
+    from mars.evaluation.plots import pareto_points
+
+    merged = {"adapter": "assets/mars-adapter", "decoding": [
+        {"tau": 0.9, "tokens_per_pass": 1.2, "mean_nll_under_ar": 0.6, "mean_nll_under_bare": 0.7},
+        {"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.5, "mean_nll_under_bare": 0.65}]}
+    bare = {"adapter": None, "decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.43}]}
+    assert pareto_points(merged) == [(1.0, 1.0, 0.5), (0.9, 1.2, 0.6)]
+    assert pareto_points(merged, "bare") == [(1.0, 1.0, 0.65), (0.9, 1.2, 0.7)]
+    assert pareto_points(bare, "bare") == [(1.0, 1.0, 0.43)]  # the bare model's own AR NLL is the yardstick
+    old = {"adapter": "x", "decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.5}]}
+    assert pareto_points(old, "bare") == []  # an adapter's eval without the bare model's NLL: nothing to draw
+
+
+def test_ship_refuses_a_compare_eval_that_is_not_there(tmp_path):
+    _run(tmp_path / "g", 10, 600.0, gated=True)
+    ev = {"examples": 3, "block_size": 4,
+          "draft_accuracy": {"accuracy_by_distance": {"2": 0.3}, "est_tokens_per_pass": 1.4, "calibration": []},
+          "decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.4, "mean_nll_under_bare": 0.4}]}
+    (tmp_path / "eval.json").write_text(json.dumps(ev))
+    cmd = [sys.executable, "scripts/ship_adapter.py", "--run", str(tmp_path / "g"), "--eval", str(tmp_path / "eval.json"),
+           "--dest", str(tmp_path / "out"), "--judge", "bare"]
+    r = subprocess.run(cmd + ["--compare", f"v3={tmp_path / 'missing.json'}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "NAME=EVAL_JSON" in r.stderr and not (tmp_path / "out").exists()
+    (tmp_path / "v3.json").write_text(json.dumps(ev))
+    r = subprocess.run(cmd + ["--compare", f"v3={tmp_path / 'v3.json'}"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "pareto.png").stat().st_size > 5000

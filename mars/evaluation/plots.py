@@ -153,17 +153,36 @@ def curve_png(points: list[dict], path: str | Path) -> Path:
     return _save(plt, fig, path)
 
 
-def pareto_png(evals: dict[str, dict], path: str | Path) -> Path:
-    """Tokens per forward against quality (AR-mode NLL of the text), one curve per checkpoint: Fig. 3."""
+JUDGES = {"ar": ("mean_nll_under_ar", "mean NLL of the text under the model in AR mode"),
+          "bare": ("mean_nll_under_bare", "mean NLL of the text under the bare model")}
+
+
+def pareto_points(report: dict, judge: str = "ar") -> list[tuple[float, float, float]]:
+    """(tau, tokens per forward, NLL of the text) per decoding row, tau descending. judge "ar": under the
+    model's own AR mode; "bare": under the bare model, one yardstick for checkpoints whose AR modes differ
+    (an eval of the bare model itself has only its own AR NLL, which is that yardstick)."""
+    key = JUDGES[judge][0]
+    out = []
+    for r in sorted(report["decoding"], key=lambda r: -r["tau"]):
+        nll = r.get(key)
+        if nll is None and judge == "bare" and report.get("adapter") in (None, "none"):
+            nll = r.get("mean_nll_under_ar")
+        if nll is not None:
+            out.append((r["tau"], stored(r, "tokens_per_pass"), nll))
+    return out
+
+
+def pareto_png(evals: dict[str, dict], path: str | Path, judge: str = "ar") -> Path:
+    """Tokens per forward against quality (the text's NLL, judged as `pareto_points` says), one curve per
+    checkpoint: Fig. 3."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, report in evals.items():
-        rows = sorted(report["decoding"], key=lambda r: -r["tau"])
-        ax.plot([stored(r, "tokens_per_pass") for r in rows], [r["mean_nll_under_ar"] for r in rows], "o-", label=name)
-        for r in rows:
-            ax.annotate(f"{r['tau']:g}", (stored(r, "tokens_per_pass"), r["mean_nll_under_ar"]), fontsize=7)
-    ax.set(xlabel="tokens per forward pass", ylabel="mean NLL of the text under the model in AR mode",
-           title="speed / quality trade-off (labels: tau)")
+        pts = pareto_points(report, judge)
+        ax.plot([s for _, s, _ in pts], [q for _, _, q in pts], "o-", label=name)
+        for tau, speed, nll in pts:
+            ax.annotate(f"{tau:g}", (speed, nll), fontsize=7)
+    ax.set(xlabel="tokens per forward pass", ylabel=JUDGES[judge][1], title="speed / quality trade-off (labels: tau)")
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(plt, fig, path)
