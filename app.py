@@ -345,7 +345,8 @@ class MarsApp:
                 LOG.exception("the loaded model failed its first pass")
                 message = (f"Could not run {public_name(lm.name)}: {type(e).__name__}: {e}. "
                            "The current model keeps serving.")
-        return (viz.esc(viz.hide_paths(message)), *self.model_info()[:3])
+        cls = "mars-note" if lm is not None and message.startswith("Loaded") else "mars-banner"
+        return (f'<div class="{cls}">{viz.esc(viz.hide_paths(message))}</div>', *self.model_info()[:3])
 
     def clear(self, session: Session):
         """Outputs, charts and the session's traces; the prompt stays, ready to run again."""
