@@ -29,7 +29,7 @@ from mars.app.policy import Policy, PolicyError
 from mars.app.serving import ModelHolder, load_other, public_name, vet_switch
 from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
-from mars.app.tabs import BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
+from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
     MAX_BLOCK, MODE_LABELS, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
     max_new_tokens_limit,
@@ -573,9 +573,10 @@ class MarsApp:
         ui.paper.event.then(self.model_info, None, info_outputs, api_visibility="private")
         demo.load(self.model_tab_view, None, [ui.model_help, ui.switch_box, ui.admin_token, ui.paper_links],
                   queue=False, api_visibility="private")
+        # one load at a time, whichever button: each is sized against what is free while no other loads
         ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter, ui.admin_token],
                          [ui.model_message, ui.model_banner, ui.model_info, ui.block],
-                         concurrency_limit=1, api_visibility="private")
+                         concurrency_id=SWITCH, concurrency_limit=1, api_visibility="private")
 
 
 def _texts(run) -> tuple[list, list | None]:

@@ -264,7 +264,7 @@ def test_on_a_space_no_handler_can_switch_and_the_operator_can(models_dir, monke
     assert "needs the operator token" in message and ui.holder.loaded is lm
     assert "needs the operator token" in paper_of(ui)("smollm2", None, progress=lambda *a, **k: None)
     message, banner, *_ = ui.load_model("tiny2", "", TOKEN)
-    assert message == "Loaded tiny2." and ui.holder.loaded is not lm and "tiny2" in banner
+    assert message == '<div class="mars-note">Loaded tiny2.</div>' and ui.holder.loaded is not lm and "tiny2" in banner
     assert "is not offered" in paper_of(ui)("tiny2", TOKEN, progress=lambda *a, **k: None)  # the list: Hub only
     _, controls, token_box, links = ui.model_tab_view()
     assert controls["visible"] is True and token_box["visible"] is True and links["visible"] is False
@@ -272,3 +272,11 @@ def test_on_a_space_no_handler_can_switch_and_the_operator_can(models_dir, monke
 
 def paper_of(ui):
     return ui.ui.paper.loader
+
+
+def test_loads_run_one_at_a_time_whichever_button():
+    """Each load is sized against what is free while no other load runs: both Load events share one slot."""
+    demo = app_module.create_demo(lambda: make_loaded())
+    deps = [next(d for d in demo.config["dependencies"] if d.get("api_name") == n) for n in ("load_model", "load")]
+    fns = [demo.fns[d["id"]] for d in deps]
+    assert {f.concurrency_id for f in fns} == {"model-switch"} and {f.concurrency_limit for f in fns} == {1}

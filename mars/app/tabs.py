@@ -36,6 +36,7 @@ EXAMPLE_PROMPTS = "\n".join([
     "List three prime numbers.",
     "Explain in one sentence what a KV cache is.",
 ])
+SWITCH = "model-switch"  # the concurrency id of every event that loads a model: one load at a time
 EMPTY = "One row per prompt appears here; each coloured span is one pass of the whole batch."
 
 
@@ -221,7 +222,8 @@ def build_model_list(install: Callable[[object], object], guard: Callable | None
     c.message = gr.HTML(elem_id="paper-message")
     c.loader = make_model_loader(install, guard)
     inputs = [c.dropdown] + ([token] if token is not None else [])
-    c.event = c.button.click(c.loader, inputs, [c.message], concurrency_limit=1, api_visibility="private")
+    c.event = c.button.click(c.loader, inputs, [c.message], concurrency_id=SWITCH, concurrency_limit=1,
+                             api_visibility="private")
     return c
 
 
@@ -234,7 +236,9 @@ def paper_links_markdown() -> str:
 def model_tab_help(policy) -> str:
     """What the Model tab says above its controls, by who may switch the model here (policy.switch_mode)."""
     if policy.switch_mode == "open":
-        return ("Load another checkpoint by Hub id (e.g. `Xalphinions/MARS-Qwen2.5-0.5B-blk4`) or folder. It "
+        folders = " or a folder of its models folder (MARS_MODELS_DIR)" if policy.models_dir else ""
+        hub = "any Hub id" if policy.any_hub_id else "a Hub id from its list (MARS_ALLOWED_MODELS)"
+        return (f"Load another checkpoint by {hub}{folders}, e.g. `Xalphinions/MARS-Qwen2.5-0.5B-blk4`. It "
                 "replaces the model for **everyone** on this server (it listens on this machine only).")
     source = f"https://huggingface.co/spaces/{policy.space_id}" if policy.space_id else "this app's repository"
     local = (f"To try another model, run the app on your own machine, where the Model tab loads any of the "
