@@ -7,6 +7,8 @@ choose the model, MARS_CONCURRENCY (default 2) how many generations run at once,
 every core) torch's threads per pass, MARS_MAX_NEW_TOKENS (default 512) the largest request,
 MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt, MARS_CHART_EVERY_S (default 1) how often the charts
 are redrawn while a run streams. Every limit is checked here, on the server, whatever a client sends.
+Who may change the model and what may load (SPACE_ID, MARS_ADMIN_TOKEN, MARS_ALLOWED_MODELS, MARS_MODELS_DIR,
+MARS_PUBLIC, MARS_QUEUE_SIZE): `mars.app.policy`, docs/deploying.md.
 """
 
 # No `from __future__ import annotations` here: Gradio reads api_generate's return annotation at runtime to
@@ -23,10 +25,11 @@ from types import SimpleNamespace
 import gradio as gr
 
 from mars.app import viz
-from mars.app.serving import ModelHolder, load_other, public_name
+from mars.app.policy import Policy, PolicyError
+from mars.app.serving import ModelHolder, load_other, public_name, vet_switch
 from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
-from mars.app.tabs import BATCH_CSS, build_batch_tab, build_model_list
+from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
     MAX_BLOCK, MODE_LABELS, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
     max_new_tokens_limit,
@@ -82,8 +85,10 @@ VERIFIED_INFO = ("Verified: the model checks last pass's drafts itself, so the t
 class MarsApp:
     """The handlers, bound to one shared model holder; `build()` wires them to components (`self.ui`)."""
 
-    def __init__(self, lm_provider=None):
+    def __init__(self, lm_provider=None, policy: Policy | None = None):
         self.holder = ModelHolder(lm_provider)
+        self.policy = policy or Policy.from_env()  # who may switch the model, what may load (mars.app.policy)
+        self.demo = None  # the Blocks, once built: its real bind address, once launched, decides `live_policy`
         self.chart_every_s = chart_every_s()  # charts redrawn at most this often while a run streams
         self.ui = SimpleNamespace()  # the components, by name, once build() has made them
 
@@ -299,8 +304,40 @@ class MarsApp:
             table = viz.render_table_html(headers, [[r[k] for k in keys] for r in rows])
             yield {self.ui.chart_sweep: viz.make_sweep_figure(rows), self.ui.sweep_table: table}
 
-    def load_model(self, model, adapter):
-        lm, message = load_other(model, adapter)
+    def live_policy(self) -> Policy:
+        """The policy for the address the server really listens on (Gradio sets it at launch, whatever
+        launched it); before a launch, the environment's (GRADIO_SERVER_NAME, else Gradio's 127.0.0.1)."""
+        demo = self.demo
+        host = getattr(demo, "server_name", None)
+        if host is None:
+            return self.policy
+        hosts = (host,) + ((demo.node_server_name,) if getattr(demo, "node_server_name", None) else ())
+        return self.policy.bound_to(hosts, getattr(demo, "share", False))
+
+    def vet_paper(self, name, token):
+        """The paper list's gate: (name to load, "") or (None, why not). Hub ids and the default only."""
+        from mars.models.sizing import SizeError
+
+        try:
+            request, _ = vet_switch(self.live_policy(), token, name)
+        except PolicyError as e:
+            return None, str(e)
+        except SizeError as e:
+            return None, f"Cannot load: {e}. The current model keeps serving."
+        if request.kind == "folder":
+            return None, self.live_policy().not_offered(request.shown)
+        return request.name, ""
+
+    def model_tab_view(self):
+        """The Model tab for the live policy: its help text, the switch controls (hidden where nobody may
+        switch), the token box (where a token is set), the paper's links (where the controls are hidden)."""
+        policy = self.live_policy()
+        mode = policy.switch_mode
+        return (model_tab_help(policy), gr.update(visible=mode != "closed"), gr.update(visible=mode == "token"),
+                gr.update(visible=mode == "closed"))
+
+    def load_model(self, model, adapter, token=None):
+        lm, message = load_other(model, adapter, self.live_policy(), token)
         if lm is not None:
             try:
                 self.holder.replace(lm)  # one short pass first: a model that cannot run never replaces one that can
@@ -308,7 +345,8 @@ class MarsApp:
                 LOG.exception("the loaded model failed its first pass")
                 message = (f"Could not run {public_name(lm.name)}: {type(e).__name__}: {e}. "
                            "The current model keeps serving.")
-        return (viz.esc(viz.hide_paths(message)), *self.model_info()[:3])
+        cls = "mars-note" if lm is not None and message.startswith("Loaded") else "mars-banner"
+        return (f'<div class="{cls}">{viz.esc(viz.hide_paths(message))}</div>', *self.model_info()[:3])
 
     def clear(self, session: Session):
         """Outputs, charts and the session's traces; the prompt stays, ready to run again."""
@@ -403,8 +441,10 @@ class MarsApp:
                     with gr.Tab("Model"):
                         self._model_tab()
             self._wire(demo, session, limit)
-        demo.queue(default_concurrency_limit=limit, max_size=int(os.environ.get("MARS_QUEUE_SIZE", "64")))
+        # beyond max_size waiting events, a visitor is told "busy, try again" (Gradio: HTTP 503, queue_full)
+        demo.queue(default_concurrency_limit=limit, max_size=self.policy.queue_size)
         demo.mars_app = self  # tests reach the handlers and components through it
+        self.demo = demo
         return demo
 
     def _generate_tab(self):
@@ -481,14 +521,20 @@ class MarsApp:
     def _model_tab(self):
         ui = self.ui
         ui.model_info = gr.HTML('<div class="mars-note">loading…</div>', elem_id="model-info")
-        gr.Markdown("Load another checkpoint by Hub id (e.g. `Xalphinions/MARS-Qwen2.5-0.5B-blk4`) or local "
-                    "folder. It replaces the model for **everyone** on this server.")
-        with gr.Row():
-            ui.model_id = gr.Textbox(label="Hub id or folder", elem_id="model-id")
-            ui.model_adapter = gr.Textbox(label="adapter folder (optional)", elem_id="model-adapter")
-        ui.load_btn = gr.Button("Load", elem_id="load-model")
-        ui.model_message = gr.HTML(elem_id="model-message")
-        ui.paper = build_model_list(self.holder.replace)
+        mode = self.policy.switch_mode  # the page load re-reads it for the address actually bound
+        ui.model_help = gr.Markdown(model_tab_help(self.policy), elem_id="model-help")
+        # hidden where nobody may switch; the handlers refuse on the server either way (live_policy)
+        with gr.Column(visible=mode != "closed", elem_id="model-switch") as ui.switch_box:
+            ui.admin_token = gr.Textbox(label="operator token (MARS_ADMIN_TOKEN)", type="password",
+                                        elem_id="admin-token", visible=mode == "token")
+            with gr.Row():
+                ui.model_id = gr.Textbox(label="Hub id or folder", elem_id="model-id")
+                ui.model_adapter = gr.Textbox(label="adapter folder (optional)", elem_id="model-adapter")
+            ui.load_btn = gr.Button("Load", elem_id="load-model")
+            ui.model_message = gr.HTML(elem_id="model-message")
+            ui.paper = build_model_list(self.holder.replace, self.vet_paper, ui.admin_token,
+                                        self.policy.allows_hub_id)
+        ui.paper_links = gr.Markdown(paper_links_markdown(), visible=mode == "closed", elem_id="paper-links")
 
     def _wire(self, demo: gr.Blocks, session: gr.State, limit: int):
         ui = self.ui
@@ -525,9 +571,12 @@ class MarsApp:
         for slider in (ui.mask_len, ui.mask_block):
             slider.change(self.mask, [ui.mask_len, ui.mask_block], [ui.chart_mask], **quick)
         ui.paper.event.then(self.model_info, None, info_outputs, api_visibility="private")
-        ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter],
+        demo.load(self.model_tab_view, None, [ui.model_help, ui.switch_box, ui.admin_token, ui.paper_links],
+                  queue=False, api_visibility="private")
+        # one load at a time, whichever button: each is sized against what is free while no other loads
+        ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter, ui.admin_token],
                          [ui.model_message, ui.model_banner, ui.model_info, ui.block],
-                         concurrency_limit=1, api_visibility="private")
+                         concurrency_id=SWITCH, concurrency_limit=1, api_visibility="private")
 
 
 def _texts(run) -> tuple[list, list | None]:
@@ -536,11 +585,12 @@ def _texts(run) -> tuple[list, list | None]:
     return texts, [r.rejected_texts for r in run.steps] if run.config.mode == "verified" else None
 
 
-def create_demo(lm_provider=None) -> gr.Blocks:
+def create_demo(lm_provider=None, policy: Policy | None = None) -> gr.Blocks:
     """The app. lm_provider: a zero-argument callable returning a LoadedModel (default: env MARS_MODEL /
     MARS_ADAPTER through mars.models.loading.load), called once and shared by every visitor: on first use, or at
-    start-up with `demo.mars_app.holder.start()` (what `launch` does)."""
-    return MarsApp(lm_provider).build()
+    start-up with `demo.mars_app.holder.start()` (what `launch` does). policy: who may switch the model and what
+    may load (default: read from the environment, mars.app.policy)."""
+    return MarsApp(lm_provider, policy).build()
 
 
 def launch(demo: gr.Blocks | None = None, **kwargs):

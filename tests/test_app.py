@@ -279,14 +279,16 @@ def test_model_panel_says_when_no_adapter_is_loaded(ui):
 
 
 def test_loading_another_model_offline_keeps_the_current_one(ui, lm, tmp_path):
-    lm_new, message = load_other("someone/some-model", None, reachable=lambda: False)
+    from mars.app.policy import Policy
+
+    lm_new, message = load_other("someone/some-model", None, Policy(allowed_models=("*",)), reachable=lambda: False)
     assert lm_new is None and "no network access" in message and "keeps serving" in message
     message, _, table, _ = ui.load_model(str(tmp_path / "missing"), "")
     assert "keeps serving" in message and ui.holder.loaded is lm
     message, *_ = ui.load_model('<img src=x onerror="alert(1)">', "")
     assert "<img" not in message
     folder = save_tiny(tmp_path / "tiny2", seed=1)
-    lm2, message = load_other(str(folder), "")
+    lm2, message = load_other(str(folder), "", Policy(models_dir=tmp_path))
     assert lm2 is not None and message.startswith("Loaded")
 
 

@@ -306,11 +306,12 @@ def test_missing_adapter_falls_back_to_the_bare_model_with_a_visible_warning(tmp
 
 
 def test_hub_offline_is_honoured_without_a_network_call(monkeypatch):
+    from mars.app.policy import Policy
     from mars.app.serving import hub_reachable, load_other
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_reachable() is False
-    lm, message = load_other("someone/some-model", None)
+    lm, message = load_other("someone/some-model", None, Policy(allowed_models=("*",)))
     assert lm is None and "no network access" in message
 
 

@@ -88,15 +88,15 @@ def test_paper_checkpoint_loader_installs_or_explains(tiny_lm, monkeypatch):
     monkeypatch.setattr(tabs, "load_checkpoint",
                         lambda hub_id, progress: (progress(1.0, "loaded"), (tiny_lm, f"Loaded {hub_id}."))[1])
     load = tabs.make_model_loader(installed.append)
-    html = load("Xalphinions/MARS-Qwen2.5-0.5B-blk4", lambda f, desc: seen.append((f, desc)))
+    html = load("Xalphinions/MARS-Qwen2.5-0.5B-blk4", progress=lambda f, desc: seen.append((f, desc)))
     assert installed == [tiny_lm] and seen == [(1.0, "loaded")]
     assert html == '<div class="mars-note">Loaded Xalphinions/MARS-Qwen2.5-0.5B-blk4.</div>'
 
     def broken(lm):
         raise RuntimeError("first pass failed")
 
-    html = tabs.make_model_loader(broken)("x", lambda f, desc: None)
+    html = tabs.make_model_loader(broken)("x", progress=lambda f, desc: None)
     assert "Could not run tiny-llama: RuntimeError: first pass failed" in html and "mars-banner" in html
     monkeypatch.setattr(tabs, "load_checkpoint", lambda hub_id, progress: (None, "<b>cannot</b> be reached"))
-    html = tabs.make_model_loader(installed.append)("x", lambda f, desc: None)
+    html = tabs.make_model_loader(installed.append)("x", progress=lambda f, desc: None)
     assert "&lt;b&gt;cannot&lt;/b&gt; be reached" in html and len(installed) == 1

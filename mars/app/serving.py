@@ -182,25 +182,74 @@ def hub_reachable() -> bool:
     return not hub_offline()
 
 
-def load_other(model: str, adapter: str | None, load_fn=None, reachable=hub_reachable):
-    """(LoadedModel or None, message). Never raises: on failure the current model keeps serving."""
+def no_network_message(model: str) -> str:
+    return (f"Cannot load {model!r}: this server has no network access to the Hugging Face Hub, and it is not in "
+            "the local cache. The current model keeps serving.")
+
+
+def vet_switch(policy, token, model, adapter="none", *, reachable=None, cached=None):
+    """(ModelRequest, adapter) when this visitor may switch the shared model to `model`: who (the token),
+    what (the allow-list, the models folder), how big (the Hub's metadata or the folder's headers, against
+    free memory and disk). Raises PolicyError or SizeError with the visitor's message, before any download.
+    The one gate of every handler that can switch the model (mars.app.policy)."""
+    from mars.app.policy import PolicyError
+    from mars.models import sizing
+    from mars.models.hub import in_local_cache
+
+    cached = cached or in_local_cache
+    # a Hub given to the policy (a mirror, a test's fake) answers for itself: no probe of huggingface.co
+    reachable = reachable or ((lambda: True) if policy.hub_info is not None else hub_reachable)
+    ok, why = policy.may_switch(token)
+    if not ok:
+        raise PolicyError(why)
+    request = policy.check_model_request(model)
+    adapter = policy.check_adapter(adapter)
+    size = None
+    if request.kind == "folder":
+        size = sizing.folder_weights_size(Path(request.name), request.shown)
+    elif request.kind == "hub":
+        if cached(request.name):  # weights already on disk are sized from their headers: no download
+            snapshot = cached_snapshot(request.name)
+            size = sizing.folder_weights_size(snapshot, request.name) if snapshot else None
+        if size is None or size.params is None:  # nothing, or only the config, in the cache
+            if not reachable():
+                raise PolicyError(no_network_message(request.name))
+            size = sizing.hub_weights_size(request.name, policy.hub_info)
+    if size is not None:
+        sizing.check_fits(size)
+    return request, adapter
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    path = try_to_load_from_cache(repo_id, "config.json")
+    return Path(path).parent if isinstance(path, str) else None
+
+
+def load_other(model: str, adapter: str | None, policy, token: str | None = None, load_fn=None,
+               reachable=None):
+    """(LoadedModel or None, message) for the Model tab's free-text Load, behind `vet_switch`.
+    Never raises: on failure the current model keeps serving."""
+    from mars.app.policy import PolicyError
     from mars.models.loading import LoadError, load
+    from mars.models.sizing import SizeError
 
     load_fn = load_fn or load
     model = sanitize_text(model).strip() if isinstance(model, str) else ""
-    adapter = (sanitize_text(adapter).strip() if isinstance(adapter, str) else "") or "auto"
-    if not model:
-        return None, "Give a Hub id (e.g. Xalphinions/MARS-Qwen2.5-0.5B-blk4) or a local folder."
-    is_path = Path(model).expanduser().exists() or model.startswith((".", "/", "~")) or model == "smollm2"
-    if not is_path and not reachable():
-        return None, (f"Cannot load {model!r}: this server has no network access to the Hugging Face Hub. "
-                      "Give a local folder instead. The current model keeps serving.")
+    adapter = sanitize_text(adapter).strip() if isinstance(adapter, str) else ""
     try:
-        lm = load_fn(model, adapter)
+        request, adapter = vet_switch(policy, token, model, adapter, reachable=reachable)
+    except PolicyError as e:
+        return None, str(e)
+    except SizeError as e:
+        return None, f"Cannot load: {e}. The current model keeps serving."
+    try:
+        lm = load_fn(request.name, adapter)
     except LoadError as e:
         return None, f"Could not load: {e}. The current model keeps serving."
     except Exception as e:  # anything else must not take the app down either
-        return None, f"Could not load {model!r}: {type(e).__name__}: {e}. The current model keeps serving."
+        return None, f"Could not load {request.shown!r}: {type(e).__name__}: {e}. The current model keeps serving."
     return lm, f"Loaded {public_name(lm.name)}."
 
 

@@ -1,7 +1,8 @@
 """Two self-contained pieces of the app's UI, each built by one call inside an open `gr.Blocks`/`gr.Tab`:
 
 - `build_batch_tab(get_lm, pass_lock)`: the Batch tab (the paper's Figure 4, live);
-- `build_model_list(install)`: the paper's published checkpoints in the Model tab.
+- `build_model_list(install, guard, token)`: the paper's published checkpoints in the Model tab, and the
+  Model tab's texts for a public server (`model_tab_help`, `paper_links_markdown`).
 
 They take callables instead of reaching into the app: `get_lm()` returns the shared model (raising
 `gr.Error` when it cannot), `pass_lock` is held around every forward pass (the app's ModelHolder.pass_lock),
@@ -25,7 +26,7 @@ import gradio as gr
 from mars.app import batch_viz, viz
 from mars.app.batch import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
 from mars.core.decoding import DecodeControl
-from mars.models.hub import DEFAULT_CHOICE, SOURCE, load_checkpoint, model_choices
+from mars.models.hub import DEFAULT_CHOICE, PAPER_CHECKPOINTS, SOURCE, load_checkpoint, model_choices
 
 CHART_EVERY_S = 1.0  # the timeline is redrawn at most this often while a batch streams (rows: every pass)
 BATCH_CSS = batch_viz.BATCH_CSS + "#batch-output .mars-batch { max-height: 48em; overflow-y: auto; }\n"
@@ -35,6 +36,7 @@ EXAMPLE_PROMPTS = "\n".join([
     "List three prime numbers.",
     "Explain in one sentence what a KV cache is.",
 ])
+SWITCH = "model-switch"  # the concurrency id of every event that loads a model: one load at a time
 EMPTY = "One row per prompt appears here; each coloured span is one pass of the whole batch."
 
 
@@ -176,11 +178,16 @@ def build_batch_tab(get_lm: Callable[[], object], pass_lock=None, concurrency_li
     return c
 
 
-def make_model_loader(install: Callable[[object], object]):
-    """The paper-checkpoint Load handler: (hub id, gr.Progress) -> message HTML. `install(lm)` may raise:
-    a model that cannot run never replaces one that can."""
+def make_model_loader(install: Callable[[object], object], guard: Callable | None = None):
+    """The paper-checkpoint Load handler: (hub id, token, gr.Progress) -> message HTML. `guard(name, token)`
+    -> (name to load or None, refusal message) runs first, on the server, whatever sent the request (the
+    app's policy: mars.app.policy). `install(lm)` may raise: a model that cannot run never replaces one that can."""
 
-    def load(hub_id, progress=gr.Progress()):
+    def load(hub_id, token=None, progress=gr.Progress()):
+        if guard is not None:
+            hub_id, refusal = guard(hub_id, token)
+            if hub_id is None:
+                return f'<div class="mars-banner">{viz.esc(refusal)}</div>'
         lm, message = load_checkpoint(hub_id, lambda fraction, text: progress(fraction, desc=text))
         if lm is not None:
             try:
@@ -193,9 +200,12 @@ def make_model_loader(install: Callable[[object], object]):
     return load
 
 
-def build_model_list(install: Callable[[object], object]) -> SimpleNamespace:
+def build_model_list(install: Callable[[object], object], guard: Callable | None = None, token=None,
+                     allowed: Callable[[str], bool] | None = None) -> SimpleNamespace:
     """The paper's checkpoints as a list with a Load button; call inside the Model tab. Returns the components
-    and the load event (chain `.then(...)` on `event` to refresh the app's model panel).
+    and the load event (chain `.then(...)` on `event` to refresh the app's model panel). `guard`: see
+    make_model_loader; `token`: the operator-token component sent with each load; `allowed(hub_id)`: which
+    checkpoints the list offers (the server's allow-list).
 
     elem ids: paper-checkpoint (dropdown), load-paper (button), paper-message (result / progress).
     """
@@ -203,11 +213,40 @@ def build_model_list(install: Callable[[object], object]) -> SimpleNamespace:
     gr.Markdown(f"**The paper's own checkpoints** (published by its authors; list from {SOURCE}). Full "
                 "fine-tunes of Qwen2.5-Instruct, loaded as plain causal Qwen2; the 0.5B ones run on a CPU Space, "
                 "the 7B ones need a large machine. Downloading needs internet access from this server.")
+    choices = [(label, value) for label, value in model_choices() if allowed is None or allowed(value)]
     with gr.Row():
-        c.dropdown = gr.Dropdown(model_choices(), value=DEFAULT_CHOICE, label="checkpoint", elem_id="paper-checkpoint",
-                                 scale=4)
+        c.dropdown = gr.Dropdown(choices, value=DEFAULT_CHOICE if any(v == DEFAULT_CHOICE for _, v in choices)
+                                 else (choices[0][1] if choices else None), label="checkpoint",
+                                 elem_id="paper-checkpoint", scale=4)
         c.button = gr.Button("Load checkpoint", elem_id="load-paper", scale=1)
     c.message = gr.HTML(elem_id="paper-message")
-    c.loader = make_model_loader(install)
-    c.event = c.button.click(c.loader, [c.dropdown], [c.message], concurrency_limit=1, api_visibility="private")
+    c.loader = make_model_loader(install, guard)
+    inputs = [c.dropdown] + ([token] if token is not None else [])
+    c.event = c.button.click(c.loader, inputs, [c.message], concurrency_id=SWITCH, concurrency_limit=1,
+                             api_visibility="private")
     return c
+
+
+def paper_links_markdown() -> str:
+    """The paper's checkpoints as links to their Hub pages (what a public server offers instead of loading)."""
+    rows = [f"- [{c.hub_id}](https://huggingface.co/{c.hub_id}): {c.note}" for c in PAPER_CHECKPOINTS]
+    return "**The paper's own checkpoints** (published by its authors):\n" + "\n".join(rows)
+
+
+def model_tab_help(policy) -> str:
+    """What the Model tab says above its controls, by who may switch the model here (policy.switch_mode)."""
+    if policy.switch_mode == "open":
+        folders = " or a folder of its models folder (MARS_MODELS_DIR)" if policy.models_dir else ""
+        hub = "any Hub id" if policy.any_hub_id else "a Hub id from its list (MARS_ALLOWED_MODELS)"
+        return (f"Load another checkpoint by {hub}{folders}, e.g. `Xalphinions/MARS-Qwen2.5-0.5B-blk4`. It "
+                "replaces the model for **everyone** on this server (it listens on this machine only).")
+    source = f"https://huggingface.co/spaces/{policy.space_id}" if policy.space_id else "this app's repository"
+    local = (f"To try another model, run the app on your own machine, where the Model tab loads any of the "
+             f"checkpoints below:\n\n```\ngit clone {source} mars-playground && cd mars-playground\n"
+             "pip install -r requirements.txt\n"
+             "MARS_MODEL=Xalphinions/MARS-Qwen2.5-0.5B-blk4 python app.py   # http://127.0.0.1:7860\n```")
+    if policy.switch_mode == "token":
+        return (f"This server's model is changed by its **operator** only: the Load buttons below need the "
+                f"operator's token, checked on the server. {local}")
+    return (f"**This server is public** ({policy.why_public}): its operator chose the model above, and no "
+            f"visitor can change it for the others. {local}")
