@@ -12,7 +12,8 @@
 #    generate, MARS tau 0.9 and 0.7, verified (both group settings: the faster is marked) and verified with
 #    both draft sources, on 10 held-out prompts (every kind) x 96 new tokens
 # 5. training throughput: the gated recipe (README), batch 32, max length 256, 2 minutes
-# 6. the table (method, tokens/s, tokens/pass, vs core AR), the training line, OUT/gpu_check.json
+# 6. the table (method, tokens/s, tokens/pass, vs core AR), the training line, which SDPA kernels can run the
+#    training forward (scripts/sdpa_probe.py), OUT/gpu_check.json
 #
 # Options (defaults in brackets): --device [cuda] --limit [10] --max-new-tokens [96] --train-minutes [2]
 #   --train-batch [32] --train-steps [none] --lora-r [64] --model [default] --adapter [auto]
@@ -48,6 +49,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 BENCH1_S=${BENCH1_S:-170} BENCH8_S=${BENCH8_S:-110}
+PROBE_DATA=${TRAIN_DATA%% *}  # the first training file: the probe lays out a real training batch
 TRAIN_S=$(( ${TRAIN_MIN%.*} * 60 + 120 ))  # its minutes plus loading and tokenizing the data
 rm -rf "$OUT" && mkdir -p "$OUT"
 T0=$(date +%s)
@@ -95,6 +97,10 @@ lm = load(*sys.argv[1:2] or [None], adapter='$ADAPTER', device='$DEVICE')
 print(lm.describe())
 " ${MODEL:+"$MODEL"} > "$OUT/model.txt" 2> "$OUT/model.log" || { tail -3 "$OUT/model.log" >&2; exit 2; }
 
+# which SDPA kernels run the training forward with its mask (flash takes no mask: on CUDA, the efficient one)
+timeout 120 $PY scripts/sdpa_probe.py --device "$DEVICE" ${MODEL:+--model "$MODEL"} \
+  --data "$PROBE_DATA" > "$OUT/sdpa.json" 2> "$OUT/sdpa.log" || say "the SDPA probe failed (see $OUT/sdpa.log)"
+
 # 4. bench: batch 1 and batch 8, each its own process and time limit; SIGINT makes it stop and write what
 #    every method finished side by side (the bench's own interrupt handling)
 BENCH=(-m mars bench --prompts data/prompts/heldout.jsonl --limit "$LIMIT" --spread --max-new-tokens "$NEW"
@@ -125,5 +131,5 @@ timeout -k 30 "$TRAIN_S" $PY -m mars train --data $TRAIN_DATA --gated --shift-bl
 # 6. the report
 say "done in $(( $(date +%s) - T0 ))s"
 $PY scripts/gpu_report.py --bench "$OUT/bench_b1.json" "$OUT/bench_b8.json" --train "$OUT/train" \
-  --train-stdout "$OUT/train.txt" \
+  --train-stdout "$OUT/train.txt" --sdpa "$OUT/sdpa.json" \
   --out "$OUT/gpu_check.json" --note "scripts/gpu_check.sh device=$DEVICE limit=$LIMIT new=$NEW smoke=$SMOKE"

@@ -78,6 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", nargs="*", default=[], help="bench JSON files of this run")
     ap.add_argument("--train", default=None, help="the throughput run's --out folder")
     ap.add_argument("--train-stdout", default=None, help="the throughput run's stdout (its summary line)")
+    ap.add_argument("--sdpa", default=None, help="scripts/sdpa_probe.py's JSON line")
     ap.add_argument("--out", required=True)
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)
@@ -103,6 +104,10 @@ def main(argv=None) -> int:
             print(format_train(report["train"]))
         except (OSError, ValueError, KeyError) as e:
             report["missing"].append(f"training: {e}")
+    if args.sdpa and Path(args.sdpa).is_file() and Path(args.sdpa).read_text().strip():
+        report["sdpa"] = json.loads(Path(args.sdpa).read_text().strip().splitlines()[-1])
+        print("SDPA kernels for the training forward (" + report["sdpa"]["attn_implementation"] + "): " +
+              ", ".join(f"{k} {v}" for k, v in report["sdpa"]["kernels"].items()))
     for m in report["missing"]:
         print(f"missing: {m}", file=sys.stderr)
     Path(args.out).write_text(json.dumps(report, indent=2))

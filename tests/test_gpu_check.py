@@ -89,3 +89,4 @@ def test_gpu_check_smoke_runs_every_step_on_the_cpu(tiny_dir, tmp_path):
     assert train["device"] == "cpu" and train["sequences_per_s"] > 0 and train["batch_size"] == 2
     assert set(train["ms_per_step"]) == {"data", "forward_backward", "optimizer", "other"}
     assert "core AR" in r.stdout and "sequences/s" in r.stdout
+    assert report["sdpa"]["kernels"]["math"] == "runs" and report["sdpa"]["attn_implementation"] == "sdpa"

@@ -148,7 +148,8 @@ def train(cfg: TrainConfig) -> dict:
     acc = Accelerator(
         gradient_accumulation_steps=cfg.grad_accum,
         cpu=device == "cpu",
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # non_blocking: the pinned batch's copy to the GPU overlaps the work already queued
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=device == "cuda"),
         step_scheduler_with_optimizer=False,  # stepped once per optimizer step below, whatever the process count
     )
     set_seed(cfg.seed)
