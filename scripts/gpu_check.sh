@@ -19,7 +19,7 @@
 #   --train-batch [32] --train-steps [none] --lora-r [64] --model [default] --adapter [auto]
 #   --train-data [README's files] --threads [0: torch's default] --out [gpu_check_out] --smoke (= --device cpu
 #   --limit 2 --max-new-tokens 8 --train-batch 2 --train-steps 4 --lora-r 4 --threads 1, held-out data).
-#   Env: PYTHON [python3], BENCH1_S [170], BENCH8_S [110]: seconds each bench may run; past it, it stops and
+#   Env: PYTHON [python3], BENCH1_S [140], BENCH8_S [80]: seconds each bench may run; past it, it stops and
 #   reports the batches every method finished.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     *) echo "error: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-BENCH1_S=${BENCH1_S:-170} BENCH8_S=${BENCH8_S:-110}
+BENCH1_S=${BENCH1_S:-140} BENCH8_S=${BENCH8_S:-80}
 PROBE_DATA=${TRAIN_DATA%% *}  # the first training file: the probe lays out a real training batch
 TRAIN_S=$(( ${TRAIN_MIN%.*} * 60 + 120 ))  # its minutes plus loading and tokenizing the data
 rm -rf "$OUT" && mkdir -p "$OUT"
