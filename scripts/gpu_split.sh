@@ -37,7 +37,7 @@ case "${1:-}" in
       exit 2
     fi
     mv "$JOINED.tmp" "$JOINED"
-    echo "$JOINED"
+    echo "$(cd "$(dirname "$JOINED")" && pwd)/$NAME"  # absolute: MARS_GGUF takes it as it is
     ;;
   *)
     echo "usage: $0 split [GGUF] | join" >&2
