@@ -5,7 +5,8 @@ Components and event handlers only. The shared model is `mars.app.serving`, a vi
 `mars.app.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
 choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default:
 every core) torch's threads per pass, MARS_MAX_NEW_TOKENS (default 512) the largest request,
-MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt, MARS_CHART_EVERY_S (default 1) how often the charts
+MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt, MARS_DEVICE (auto, cpu or cuda; default auto:
+CUDA when present) where the model runs, MARS_CHART_EVERY_S (default 1) how often the charts
 are redrawn while a run streams. Every limit is checked here, on the server, whatever a client sends.
 Who may change the model and what may load (SPACE_ID, MARS_ADMIN_TOKEN, MARS_ALLOWED_MODELS, MARS_MODELS_DIR,
 MARS_PUBLIC, MARS_QUEUE_SIZE): `mars.app.policy`, docs/deploying.md.
@@ -177,7 +178,7 @@ class MarsApp:
         if d["gated"]:
             adapter += " (gated: acts at mask positions only, so tau 1.0 is the bare model)"
         rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
-                ("mask token", mask), ("adapter", adapter), ("dtype", d["dtype"])]
+                ("mask token", mask), ("adapter", adapter), ("device", d["device"]), ("dtype", d["dtype"])]
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banner, table = viz.render_model_html(rows, notes)
         return banner, table, lm.trained_block_size or gr.skip(), gr.update(active=False)
@@ -236,8 +237,7 @@ class MarsApp:
         except ValueError as e:  # e.g. prompt + max new tokens longer than the model's context
             raise gr.Error(str(e)) from None
         except Exception as e:  # the app keeps serving; the log keeps the traceback
-            LOG.exception("generation failed")
-            raise gr.Error(f"The run failed: {type(e).__name__}: {e}") from None
+            raise gr.Error(_failure_message(e, "generation failed")) from None
         except GeneratorExit:
             # Gradio closes this generator when the visitor leaves (tab closed, connection lost): closing it
             # closes the decoder's generator too, and the cancel makes sure no pass starts for nobody.
@@ -409,8 +409,7 @@ class MarsApp:
             control.cancel()
             raise
         except Exception as e:  # the app keeps serving; the log keeps the traceback
-            LOG.exception("API generation failed")
-            raise gr.Error(f"The run failed: {type(e).__name__}: {e}") from None
+            raise gr.Error(_failure_message(e, "API generation failed")) from None
         yield run.text, trace_json(run) | {"model": public_name(lm.name), "warnings": notes}
 
     def mask(self, length, block_size):
@@ -577,6 +576,17 @@ class MarsApp:
         ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter, ui.admin_token],
                          [ui.model_message, ui.model_banner, ui.model_info, ui.block],
                          concurrency_id=SWITCH, concurrency_limit=1, api_visibility="private")
+
+
+def _failure_message(e: Exception, log_line: str) -> str:
+    """What a visitor reads when a run fails: out of GPU memory in one sentence, else the error's name."""
+    from mars.models.device import is_oom, oom_message
+
+    if is_oom(e):
+        LOG.warning("%s: out of GPU memory", log_line)
+        return "The run failed: " + oom_message("try fewer new tokens or a shorter prompt, or wait for other runs")
+    LOG.exception(log_line)
+    return f"The run failed: {type(e).__name__}: {e}"
 
 
 def _texts(run) -> tuple[list, list | None]:

@@ -13,12 +13,23 @@ from pathlib import Path
 
 
 
+OOM_ADVICE = {  # what to lower, per command, when a run runs out of GPU memory
+    "generate": "fewer prompts with --batch, a smaller --max-new-tokens, or --device cpu",
+    "bench": "smaller --batch-sizes or --max-new-tokens, or --device cpu",
+    "eval": "a smaller --limit or --max-new-tokens, or --device cpu",
+    "calibrate": "a smaller --limit, or --device cpu",
+    "train": "a smaller --batch-size (raise --grad-accum to keep the batch) or --max-length, or --device cpu",
+}
+
+
 def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--model", default=None, help="Hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--adapter", default="auto", help="adapter folder, 'none' for the bare model (default: shipped adapter)")
     p.add_argument("--mask-token", default=None, help="mask token string or id (default: the tokenizer's)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own Python code")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model runs: auto = CUDA when present, else the CPU")
+    p.add_argument("--dtype", default=None, help="weights' dtype (default: bfloat16 on CUDA, float32 on the CPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -110,9 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threads", type=int, default=0)
     t.add_argument("--dtype", default="float32")
-    t.add_argument("--autocast", choices=["bfloat16"], default=None,
+    t.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where to train: auto = CUDA when present, else the CPU (accelerate launch picks its own)")
+    t.add_argument("--autocast", choices=["bfloat16", "none"], default=None,
                    help="run the forward's matmuls in bfloat16 (weights, adapter and optimizer stay --dtype): "
-                        "~0.7x the step time on a CPU with AMX; refused on AVX2-only CPUs")
+                        "the default on CUDA; ~0.7x the step time on a CPU with AMX; refused on AVX2-only CPUs")
+    t.add_argument("--workers", type=int, default=None,
+                   help="DataLoader processes building the batch layout off the training loop "
+                        "(default: 4 on CUDA, 0 on the CPU, whose cores the step needs)")
     b = sub.add_parser("bench", help="benchmark MARS against AR and peers, side by side in one run")
     b.add_argument("--prompts", required=True, help="one prompt per line, or JSONL with a 'prompt' field")
     _add_model_args(b)
@@ -169,7 +185,7 @@ def cmd_calibrate(args) -> int:
         torch.set_num_threads(args.threads)
     if not 0.0 < args.fit_share < 1.0:
         raise ValueError("--fit-share must be between 0 and 1 (some examples fit, the others measure)")
-    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     if lm.adapter is None:
         raise ValueError("calibrate writes a calibrated copy of an adapter: pass --adapter DIR (or use the default model)")
     out = Path(args.out)
@@ -217,7 +233,7 @@ def cmd_eval(args) -> int:
     _prepare_out(args.out)
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     block = args.block_size or lm.default_block_size
     records = read_jsonl(args.data)[: args.limit]
     examples = [to_example(r, lm.tokenizer, lm.eos_token_ids[0]) for r in records]
@@ -227,7 +243,8 @@ def cmd_eval(args) -> int:
                       "est_tokens_per_pass": report["draft_accuracy"]["est_tokens_per_pass"],
                       "confident_drafts": report["draft_accuracy"]["confident"]}), flush=True)
     if not args.teacher_forced_only:
-        bare = load(args.model, "none", args.mask_token, args.dtype, args.trust_remote_code) if lm.adapter else lm
+        bare = load(args.model, "none", args.mask_token, args.dtype, args.trust_remote_code,
+                    lm.model.device.type) if lm.adapter else lm
         prompts = [ex.prompt_ids for ex in examples]
         known = None
         if args.known and Path(args.known).is_file():
@@ -269,7 +286,7 @@ def cmd_bench(args) -> int:
     cfg = BenchConfig(prompts=prompts, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                       taus=tuple(args.taus), batch_sizes=tuple(args.batch_sizes), block_size=args.block_size,
                       cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend)
-    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     bar = tqdm(desc="bench", unit="batch")
     status: dict = {}
     runs = run_bench(lm, cfg, progress=lambda *a: bar.update(1), status=status)
@@ -303,7 +320,7 @@ def cmd_generate(args) -> int:
     from mars.core.records import RunRecord
     from mars.models.loading import load
 
-    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code)
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     for w in lm.warnings:
         print(f"warning: {w}", file=sys.stderr)
     block = args.block_size or lm.default_block_size
@@ -352,12 +369,22 @@ def cmd_train(args) -> int:
         skip_last_slot=args.skip_last_slot, loss_weighting=args.loss_weighting, shift_blocks=args.shift_blocks,
         noisy_copies=args.noisy_copies, select_data=args.select_data, select_limit=args.select_limit,
         select_threshold=args.select_threshold, select_precision=args.select_precision, gated=args.gated, distill=args.distill, save_every=args.save_every, seed=args.seed,
-        threads=args.threads, dtype=args.dtype, autocast=args.autocast,
+        threads=args.threads, dtype=args.dtype, device=args.device, workers=args.workers,
+        autocast=_train_autocast(args.autocast, args.device),
     )
     state = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:  # one summary line, from the main process
         print(json.dumps({"out": args.out, **state}))
     return 0
+
+
+def _train_autocast(flag: str | None, device: str) -> str | None:
+    """--autocast: as given ('none' turns it off); unset, bfloat16 on CUDA (the default dtype there), none on a CPU."""
+    if flag is not None:
+        return None if flag == "none" else flag
+    from mars.models.device import resolve_device
+
+    return "bfloat16" if resolve_device(device) == "cuda" else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,6 +397,13 @@ def main(argv: list[str] | None = None) -> int:
     except (LoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        from mars.models.device import is_oom, oom_message
+
+        if not is_oom(e):
+            raise
+        print(f"error: {oom_message(OOM_ADVICE[args.command])}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -44,20 +44,23 @@ def pass_threads() -> int:
 
 
 def default_provider() -> Callable[[], object]:
-    """Loads the model named by env MARS_MODEL / MARS_ADAPTER (default: the embedded SmolLM2).
+    """Loads the model named by env MARS_MODEL / MARS_ADAPTER (default: the embedded SmolLM2) on MARS_DEVICE
+    (auto: CUDA when present; mars.models.device), in that device's default dtype.
 
     An adapter that is missing or does not fit the model falls back to the bare model, with a warning that
     the model panel shows: a typo in MARS_ADAPTER should not take the whole app down, nor pass unnoticed.
     """
 
     def provide():
+        from mars.models.device import env_device
         from mars.models.loading import AdapterError, load
 
         model, adapter = os.environ.get("MARS_MODEL") or None, os.environ.get("MARS_ADAPTER") or "auto"
+        device = env_device()
         try:
-            return load(model, adapter)
+            return load(model, adapter, device=device)
         except AdapterError as e:
-            lm = load(model, "none")
+            lm = load(model, "none", device=device)
             lm.warnings.insert(0, f"MARS_ADAPTER={adapter!r} could not be used, so this is the bare model: {e}")
             return lm
 

@@ -142,8 +142,8 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
     tok, model = lm.tokenizer, lm.model
     pad = tok.pad_token_id if tok.pad_token_id is not None else lm.eos_token_ids[0]
     P = max(len(p) for p in batch)
-    ids = torch.tensor([[pad] * (P - len(p)) + p for p in batch])
-    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in batch])
+    ids = torch.tensor([[pad] * (P - len(p)) + p for p in batch], device=model.device)
+    mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in batch], device=model.device)
     kw = dict(max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
     if lookup:
         kw["prompt_lookup_num_tokens"] = lookup
@@ -355,7 +355,8 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | Non
         "adapter": lm.adapter,
         "block_size": cfg.block_size or lm.default_block_size,
         "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
+                    "torch": torch.__version__, "device": str(lm.model.device), "dtype": str(lm.model.dtype),
+                    "gpu": torch.cuda.get_device_name() if lm.model.device.type == "cuda" else None},
         "max_new_tokens": cfg.max_new_tokens,
         "backend": cfg.backend,
         "interrupted": any(r.interrupted for r in runs),

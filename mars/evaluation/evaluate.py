@@ -45,7 +45,7 @@ def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10,
     for ex in examples:
         batch = build_batch([ex], B, lm.mask_token_id, eos, drop_prompt_noisy=True)
         with torch.inference_mode():
-            logits = forward_batch(lm.model, batch)[0].float()  # (Lc + Ln, V)
+            logits = forward_batch(lm.model, batch)[0].float().cpu()  # (Lc + Ln, V): counted on the CPU
         Lc = batch.clean_len
         labels = batch.noisy_labels[0]
         start = batch.position_ids[0, Lc].item()  # position of the first noisy slot (a block boundary)
@@ -117,7 +117,7 @@ def fit_temperatures(lm, examples: list[Example], block_size: int, grid: list[fl
     for ex in examples:
         batch = build_batch([ex], B, lm.mask_token_id, eos, drop_prompt_noisy=True)
         with torch.inference_mode():
-            logits = forward_batch(lm.model, batch)[0]
+            logits = forward_batch(lm.model, batch)[0].cpu()  # the grid search runs in float64 on the CPU
         Lc = batch.clean_len
         labels = batch.noisy_labels[0]
         start = batch.position_ids[0, Lc].item()

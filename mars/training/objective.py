@@ -40,6 +40,51 @@ class MarsBatch:
     noisy_labels: torch.Tensor  # (b, Ln): the same for noisy positions
     clean_len: int  # Lc
 
+    def _map(self, fn) -> "MarsBatch":
+        return MarsBatch(*(fn(getattr(self, f)) for f in _TENSOR_FIELDS), clean_len=self.clean_len)
+
+    def to(self, device, non_blocking: bool = False) -> "MarsBatch":
+        """Every tensor on `device` (accelerate's dataloader calls this: without it the batch stays on the CPU)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> "MarsBatch":
+        """Page-locked copies (DataLoader pin_memory=True calls this), so the copy to a GPU can overlap compute."""
+        return self._map(lambda t: t.pin_memory())
+
+
+_TENSOR_FIELDS = ("input_ids", "position_ids", "attention_mask", "clean_labels", "noisy_labels")
+
+
+@dataclass
+class Collate:
+    """The DataLoader's collate_fn: examples -> MarsBatch. A plain picklable object, so DataLoader worker
+    processes can build the batch layout (Python loops over rows and masks) while the device trains.
+
+    With `grids` the items are (index, example) and each draw's block-grid offsets are a function of
+    (seed, epoch, index): set `epoch` before each epoch's iterator is made (workers copy this object then).
+    """
+
+    block_size: int
+    mask_token_id: int
+    pad_token_id: int
+    max_length: int | None = None
+    drop_prompt_noisy: bool = True
+    skip_last_slot: bool = False
+    grids: bool = False  # items carry their index; offsets drawn per draw
+    seed: int = 0
+    noisy_copies: int = 1
+    shift_blocks: bool = False
+    epoch: int = 0
+
+    def __call__(self, items: list) -> MarsBatch:
+        offsets = None
+        if self.grids:
+            offsets = [draw_offsets(self.seed, self.epoch, i, self.block_size, self.noisy_copies, self.shift_blocks)
+                       for i, _ in items]
+            items = [ex for _, ex in items]
+        return build_batch(items, self.block_size, self.mask_token_id, self.pad_token_id, self.max_length,
+                           self.drop_prompt_noisy, self.skip_last_slot, offsets=offsets)
+
 
 def noisy_start(prompt_len: int, block_size: int, offset: int = 0) -> int:
     """First noisy position kept when prompt blocks are dropped: the boundary (on the grid shifted by

@@ -65,6 +65,10 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0  # torch threads per process (0 = default)
     dtype: str = "float32"
+    device: str = "auto"  # "auto" (CUDA when present), "cpu" or "cuda" (mars.models.device); accelerate launch
+    #                       places each process itself
+    workers: int | None = None  # DataLoader processes building batch layouts off the loop (None: 4 on CUDA,
+    #                             0 on the CPU, where the step itself needs every core)
     autocast: str | None = None  # "bfloat16": the forward's matmuls in bfloat16 (torch.autocast); weights, adapter,
     #                              gradients and optimizer stay in `dtype`. On a CPU with AMX a gated step costs
     #                              ~0.7x; refused where oneDNN has no bfloat16 path (AVX2-only CPUs)
@@ -95,6 +99,8 @@ class TrainConfig:
             raise ValueError("select_limit must be >= 1")
         if not (0.0 <= self.select_threshold <= 1.0 and 0.0 <= self.select_precision <= 1.0):
             raise ValueError("select_threshold and select_precision must be in [0, 1]")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
         if self.autocast not in (None, "bfloat16"):
             raise ValueError(f"autocast must be None or 'bfloat16', got {self.autocast!r}")
         if not self.lr > 0:
@@ -130,16 +136,20 @@ def train(cfg: TrainConfig) -> dict:
 
     from mars.training.data import load_examples
     from mars.models.loading import load
-    from mars.training.objective import (build_batch, clean_forward, distill_loss, draw_offsets, forward_batch,
-                                         gated_forward, mars_loss, noisy_loss)
+    from mars.models.device import resolve_device, synchronize
+    from mars.training.objective import (Collate, clean_forward, distill_loss, forward_batch, gated_forward,
+                                         mars_loss, noisy_loss)
+    from mars.training.phases import PhaseTimer
 
+    device = resolve_device(cfg.device)  # first: a missing GPU is one line, before any loading
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     # a seedable sampler makes each epoch's order a function of (seed, epoch): a resumed run sees the same order
     acc = Accelerator(
         gradient_accumulation_steps=cfg.grad_accum,
-        cpu=not torch.cuda.is_available(),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        cpu=device == "cpu",
+        # non_blocking: the pinned batch's copy to the GPU overlaps the work already queued
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, non_blocking=device == "cuda"),
         step_scheduler_with_optimizer=False,  # stepped once per optimizer step below, whatever the process count
     )
     set_seed(cfg.seed)
@@ -182,21 +192,18 @@ def train(cfg: TrainConfig) -> dict:
         model.config.use_cache = False
 
     grids = cfg.shift_blocks or cfg.noisy_copies > 1
-
-    def collate(batch):
-        offsets = None
-        if grids:  # items are (index, example): offsets are a function of (seed, epoch, index)
-            offsets = [draw_offsets(cfg.seed, state["epoch"], i, cfg.block_size, cfg.noisy_copies, cfg.shift_blocks)
-                       for i, _ in batch]
-            batch = [ex for _, ex in batch]
-        return build_batch(
-            batch, cfg.block_size, lm.mask_token_id, eos_id, cfg.max_length,
-            cfg.drop_prompt_noisy, cfg.skip_last_slot, offsets=offsets,
-        )
+    collate = Collate(cfg.block_size, lm.mask_token_id, eos_id, cfg.max_length, cfg.drop_prompt_noisy,
+                      cfg.skip_last_slot, grids=grids, seed=cfg.seed, noisy_copies=cfg.noisy_copies,
+                      shift_blocks=cfg.shift_blocks)
+    on_gpu = acc.device.type == "cuda"
+    workers = cfg.workers if cfg.workers is not None else (4 if on_gpu else 0)
 
     gen = torch.Generator().manual_seed(cfg.seed)
     dataset = list(enumerate(examples)) if grids else examples  # the sampler's order depends on the length only
-    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate, generator=gen)
+    # workers build the next batches while the device runs this one; pinned memory lets the copy overlap too
+    loader = torch.utils.data.DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, collate_fn=collate,
+                                         generator=gen, num_workers=workers, pin_memory=on_gpu,
+                                         prefetch_factor=4 if workers else None)
     steps_per_epoch = math.ceil(len(loader) / (cfg.grad_accum * acc.num_processes))
     total = cfg.max_steps or max(1, int(steps_per_epoch * cfg.epochs))
     params = [p for p in model.parameters() if p.requires_grad]
@@ -256,11 +263,14 @@ def train(cfg: TrainConfig) -> dict:
     c_start = time.process_time() - state.get("cpu_seconds", 0.0)
     run = {"noisy": 0.0, "clean": 0.0, "distill": 0.0, "n": 0}
     stop = state["step"] >= total
+    timer = PhaseTimer(sync=lambda: synchronize(acc.device))
     while not stop:
         loader.set_epoch(state["epoch"]) if hasattr(loader, "set_epoch") else None
+        collate.epoch = state["epoch"]  # before the epoch's iterator starts: workers take their copy then
         skip = state["batches_in_epoch"]
         epoch_loader = acc.skip_first_batches(loader, skip) if skip else loader
         for batch in epoch_loader:
+            timer.mark("data")
             with acc.accumulate(model):
                 per_sequence = cfg.loss_weighting == "sequence"
                 with amp():  # the backward runs outside it, in the dtypes autocast recorded
@@ -276,12 +286,14 @@ def train(cfg: TrainConfig) -> dict:
                         losses["distill"] = distill_loss(logits[:, : batch.clean_len], teacher, batch.clean_labels)
                         losses["loss"] = losses["loss"] + cfg.distill * losses["distill"]
                 acc.backward(losses["loss"])
+                timer.mark("forward_backward")
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(params, 1.0)
                 opt.step()
                 if acc.sync_gradients:
                     sched.step()
                 opt.zero_grad()
+                timer.mark("optimizer")
             state["batches_in_epoch"] += 1
             state["sequences"] += batch.input_ids.shape[0] * acc.num_processes
             run["noisy"] += losses["noisy"].item()
@@ -289,6 +301,7 @@ def train(cfg: TrainConfig) -> dict:
             run["distill"] += losses["distill"].item() if "distill" in losses else 0.0
             run["n"] += 1
             if not acc.sync_gradients:
+                timer.mark("other")
                 continue
             state["step"] += 1
             state["seconds"] = time.time() - t_start
@@ -297,6 +310,8 @@ def train(cfg: TrainConfig) -> dict:
                 "step": state["step"], "noisy": run["noisy"] / run["n"], "clean": run["clean"] / run["n"],
                 "lr": sched.get_last_lr()[0], "seconds": round(state["seconds"], 1), "sequences": state["sequences"],
             }
+            timer.mark("other")
+            row["phases"] = timer.take()  # this step's seconds: data wait, forward+backward, optimizer, other
             if cfg.distill:
                 row["distill"] = run["distill"] / run["n"]
             if cfg.gated:
@@ -316,6 +331,7 @@ def train(cfg: TrainConfig) -> dict:
                 if select_examples is not None:
                     evaluate_snapshot()
                 save_checkpoint()
+                timer.mark("other")  # counted in the next step's row
         else:
             state["epoch"] += 1
             state["batches_in_epoch"] = 0
@@ -325,6 +341,8 @@ def train(cfg: TrainConfig) -> dict:
     save_checkpoint()
     acc.wait_for_everyone()
     state["processes"] = acc.num_processes
+    state["device"] = str(acc.device)
+    state["workers"] = workers
     if acc.is_main_process:
         _save_final(acc.unwrap_model(model), tok, lm, cfg, state, out)
     acc.wait_for_everyone()
