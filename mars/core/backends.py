@@ -10,6 +10,8 @@ which keys each window input may attend to. Backends:
   hf        transformers' own forward and DynamicCache: the reference path
   fast      mars.core.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
   fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
+  fast-int8 fast, with int8 matrices (mars.core.quant): a quarter of the bytes; its own model, whose greedy
+            text the lossless modes then reproduce exactly (batch = alone, verified = its AR)
   auto      fast where the model is supported and on the CPU, else hf
 """
 
@@ -19,7 +21,8 @@ import torch
 
 from mars.core.masks import additive_mask
 
-BACKENDS = ("auto", "fast", "hf", "fast-bf16")
+BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8")
+WEIGHT_DTYPES = {"fast-bf16": torch.bfloat16, "fast-int8": torch.int8}  # fast backends with other matrices
 
 
 class HFBackend:
@@ -101,4 +104,4 @@ def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = 
     name = resolve_backend(model, name)
     if name == "hf":
         return HFBackend(model, use_cache)
-    return FastBackend(model, batch, capacity, torch.bfloat16 if name == "fast-bf16" else None)
+    return FastBackend(model, batch, capacity, WEIGHT_DTYPES.get(name))

@@ -160,13 +160,22 @@ class _Linear:
         return y if y.dtype == in_dtype else y.to(in_dtype)
 
 
+def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = None):
+    """The matrix class for this weight dtype: int8 runs mars.core.quant's kernel, the rest `_Linear`."""
+    if wdtype == torch.int8:
+        from mars.core.quant import Int8Linear  # imports this module: loaded on first use
+
+        return Int8Linear(mods, lora)
+    return _Linear(mods, layout, wdtype, lora)
+
+
 class _Layer:
     def __init__(self, layer, layout: str, wdtype: torch.dtype, gated=None, names: dict | None = None):
         a, m = layer.self_attn, layer.mlp
 
         def lin(mods):  # fused Linear, with the gated adapter's deltas of these modules when there is one
             lora = gated.fused({names[mod]: mod for mod in mods}) if gated is not None else None
-            return _Linear(mods, layout, wdtype, lora)
+            return _matrix(mods, layout, wdtype, lora)
 
         self.ln1 = layer.input_layernorm.weight.detach()  # shared with the model, not copied
         self.ln2 = layer.post_attention_layernorm.weight.detach()
@@ -258,7 +267,7 @@ class FastLM:
         self.gated = getattr(model, "_mars_gated", None)
         names = {mod: name for name, mod in model.named_modules()} if self.gated is not None else None
         self.layers = [_Layer(layer, layout, self.weight_dtype, self.gated, names) for layer in inner.layers]
-        self.head = _Linear([model.lm_head], layout, self.weight_dtype)
+        self.head = _matrix([model.lm_head], layout, self.weight_dtype)
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0)
         self.device = self.embed.device

@@ -1,0 +1,89 @@
+"""int8 matrices for the fast path (`backend="fast-int8"`): a quarter of float32's bytes per pass.
+
+Why: at batch 1 on a CPU a small model's pass is the time to stream its weights. Measured here (the default
+model's 121 matrices, 2 threads): float32 `F.linear` 23 ms for 1 row and ~48 ms for 5; `torch._int_mm`
+(int8 x int8 -> int32, oneDNN) 12 ms for 1 row and ~14 ms for 5. torch's weight-only int8 kernel was 4x
+slower than float32, and fbgemm's dynamic quantization uses one activation scale per pass, which couples
+the rows (a row's output would depend on the other rows of its pass: batch != alone, verified != AR).
+
+The rule, per Linear (q|k|v and gate|up fused, as in the packed float layout):
+    W_q = round(W / s_w) in [-WEIGHT_MAX, WEIGHT_MAX]   s_w = max|W[o, :]| / WEIGHT_MAX   (per output channel)
+    x_q = round(x / s_x) in [-127, 127]                 s_x = max|x[r, :]| / 127          (per row, each pass)
+    y   = (x_q @ W_q.T) * s_x[r] * s_w[o]  (+ bias)
+Every row is quantized on its own and the integer products are exact, so a row's output is the same whatever
+else is in its pass: batch = alone and verified = this model's AR greedy hold token for token.
+
+Why 7 bits of weight (WEIGHT_MAX = 64) and not 8: on CPUs without VNNI (AVX2-only, AVX-512 before Cascade
+Lake) oneDNN multiplies u8 x s8 pairs with vpmaddubsw, whose 16-bit sums saturate: with full-range weights
+`_int_mm` returned wrong integers there (checked with ONEDNN_MAX_CPU_ISA=AVX2). With |W_q| <= 64 a pair's sum
+is at most 2 * 255 * 64 = 32640 < 2^15, so every CPU computes the same exact integers, and the int8 model's
+text is the same on the Space's AVX2 machine as here.
+
+The gated adapter's deltas (mars.models.gated) stay in float, added after the int8 product.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mars.core.fastpath import _Linear
+
+WEIGHT_MAX = 64  # |W_q| bound: exact integer products on every x86 ISA (see the module docstring)
+ACT_MAX = 127
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_q int8 (out, in), s_w float (out,)): symmetric, one scale per output channel (row of W)."""
+    scale = w.abs().amax(dim=1).clamp_min(torch.finfo(w.dtype).tiny) / WEIGHT_MAX  # (out,)
+    q = torch.round(w / scale[:, None]).clamp_(-WEIGHT_MAX, WEIGHT_MAX).to(torch.int8)
+    return q, scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x_q int8 (n, in), s_x (n,)) for x (n, in): one scale per row, so rows never affect each other."""
+    amax = x.abs().amax(dim=1).clamp_min_(torch.finfo(x.dtype).tiny)  # an all-zero row stays zero
+    q = torch.round(x * (ACT_MAX / amax)[:, None]).clamp_(-ACT_MAX, ACT_MAX).to(torch.int8)
+    return q, amax / ACT_MAX
+
+
+class Int8Linear(_Linear):
+    """The fast path's `_Linear` (fused outputs, float gated deltas) with int8 weights run by `torch._int_mm`."""
+
+    def __init__(self, mods: list, lora: tuple | None = None):
+        w = torch.cat([m.weight.detach() for m in mods])  # (out, in): q|k|v or gate|up side by side
+        self.lora = lora
+        self.out_features = w.shape[0]
+        self.dtype = torch.int8
+        self.qweight, scale = quantize_weight(w.float())
+        # _int_mm wants (in, out): the transposed view of the row-major (out, in) copy was the fastest layout
+        # measured (12 ms a 1-row pass against 17 ms for a contiguous (in, out) copy)
+        self.qweight_t = self.qweight.t()
+        self.scale = scale.to(w.dtype)
+        self.bias = None
+        if any(m.bias is not None for m in mods):
+            self.bias = torch.cat([m.bias.detach() if m.bias is not None else w.new_zeros(m.weight.shape[0])
+                                   for m in mods])
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        xq, sx = quantize_rows(x.reshape(-1, x.shape[-1]))  # (n, in), (n,)
+        y = torch._int_mm(xq, self.qweight_t).to(x.dtype)  # (n, out), exact integers
+        y.mul_(sx[:, None]).mul_(self.scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*lead, self.out_features)
+
+
+def reference_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The slow, obvious version of `Int8Linear` for one matrix, row by row in int64 (the tests' yardstick)."""
+    wq, sw = quantize_weight(w.float())
+    rows = []
+    for r in x.reshape(-1, x.shape[-1]):
+        amax = r.abs().max().clamp_min(torch.finfo(x.dtype).tiny)
+        rq = torch.round(r * (ACT_MAX / amax)).clamp(-ACT_MAX, ACT_MAX).long()
+        acc = (wq.long() * rq[None, :]).sum(dim=1)  # (out,) exact
+        rows.append(acc.to(x.dtype) * (amax / ACT_MAX) * sw.to(x.dtype))
+    y = torch.stack(rows)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], w.shape[0])
