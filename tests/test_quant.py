@@ -182,3 +182,22 @@ def test_pass_cost_times_int8_beside_float(load_script):
     assert set(res["median"]) == {"fast", "fast-int8", "floor", "floor-int8"}
     assert all(ms > 0 for row in res["median"].values() for ms in row.values())
     assert "fast-int8" in pc.format_table(res["median"], [1, 4])
+
+
+def test_backend_quality_reports_int8_against_float():
+    from mars.evaluation.backend_quality import backend_quality, format_rows
+
+    lm = tiny.make_loaded("llama", seed=4, dtype=torch.float32)
+    ids = [encode_prompt(lm.tokenizer, p) for p in PROMPTS]
+    known = (ids[:2], ["the", "zzz-never"])
+    rows = backend_quality(lm, lm, ids, ("fast-int8",), 12, known, batch_size=2)
+    ref, q = rows  # the reference backend is added first
+    assert ref["backend"] == "fast" and ref["nll_ratio"] == 1.0 and ref["exact_match"] == 1.0
+    assert q["backend"] == "fast-int8" and q["nll_ratio"] > 0 and 0 <= q["prefix_match"] <= 1
+    assert ref["known_total"] == 2 and ref["known_right"] <= 1  # "zzz-never" is never in a text
+    alone = [generate_ids(lm, [i], DecodeConfig(mode="ar", max_new_tokens=12, backend="fast-int8"))[0].token_ids
+             for i in ids]
+    exact = sum(a == b for a, b in zip(alone, [generate_ids(lm, [i], DecodeConfig(mode="ar", max_new_tokens=12))[0]
+                                               .token_ids for i in ids])) / len(ids)
+    assert q["exact_match"] == exact  # the rows agree with decoding each prompt alone
+    assert "fast-int8" in format_rows(rows)

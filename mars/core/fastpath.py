@@ -22,6 +22,7 @@ rounding (relative ~1e-5 in float32, ~1e-15 in float64): only the order of sums 
 matmuls): it changes the numerics, so it is opt-in and never the default. oneDNN runs bfloat16 only on
 CPUs with AVX-512 (bw, vl, dq) or AVX-NE-CONVERT; elsewhere (an AVX2-only AMD EPYC, say) asking for it
 is refused up front with `bf16_unsupported_reason`'s message instead of failing inside oneDNN.
+`weight_dtype=torch.int8` runs mars.core.quant's int8 matrices instead (backend "fast-int8"; every CPU).
 
 The KV cache (`KVCache`) has the decoder's verbs: `length`, `truncate(n)` (drop every column >= n:
 masks and rejected drafts are simply overwritten by the next pass) and `select(rows)`.

@@ -41,8 +41,9 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x_q int8 (n, in), s_x (n,)) for x (n, in): one scale per row, so rows never affect each other."""
-    amax = x.abs().amax(dim=1).clamp_min_(torch.finfo(x.dtype).tiny)  # an all-zero row stays zero
-    q = torch.round(x * (ACT_MAX / amax)[:, None]).clamp_(-ACT_MAX, ACT_MAX).to(torch.int8)
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=1).clamp_min_(torch.finfo(x.dtype).tiny)  # max |x|, one op
+    # |x| <= amax, so x * (127 / amax) rounds into [-127, 127] with no clamp; an all-zero row stays zero
+    q = (x * (ACT_MAX / amax)[:, None]).round_().to(torch.int8)
     return q, amax / ACT_MAX
 
 
@@ -50,6 +51,8 @@ class Int8Linear(_Linear):
     """The fast path's `_Linear` (fused outputs, float gated deltas) with int8 weights run by `torch._int_mm`."""
 
     def __init__(self, mods: list, lora: tuple | None = None):
+        if mods[0].weight.device.type != "cpu":  # CUDA's _int_mm wants > 16 rows: no use for decoding
+            raise ValueError("backend 'fast-int8' runs on a CPU only; use 'auto' (or 'fast') on this device")
         w = torch.cat([m.weight.detach() for m in mods])  # (out, in): q|k|v or gate|up side by side
         self.lora = lora
         self.out_features = w.shape[0]
