@@ -93,7 +93,7 @@ def test_fast_int8_is_a_backend_and_close_to_float():
 def test_batch_equals_alone_and_lossless_modes_equal_int8_greedy(arch, dtype):
     lm = tiny.make_loaded(arch, seed=4, dtype=dtype)
     ids = [encode_prompt(lm.tokenizer, p) for p in PROMPTS]
-    kw = dict(max_new_tokens=30, backend="fast-int8", cache_block=8)
+    kw = dict(max_new_tokens=20, backend="fast-int8", cache_block=8)
     ar = [generate_ids(lm, [i], DecodeConfig(mode="ar", **kw))[0].token_ids for i in ids]
     for cfg in (DecodeConfig(mode="ar", **kw), DecodeConfig(mode="mars", tau=1.0, block_size=4, **kw),
                 DecodeConfig(mode="verified", tau=0.0, block_size=4, **kw),
