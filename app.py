@@ -32,8 +32,8 @@ from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
-    MAX_BLOCK, MODE_LABELS, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
-    max_new_tokens_limit,
+    MAX_BLOCK, MODE_LABELS, backend_label, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model,
+    make_config, max_new_tokens_limit,
 )
 from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
 
@@ -76,7 +76,8 @@ UNTRAINED = ("No MARS adapter is merged into this model. Unless the checkpoint i
              "its mask predictions are untrained: expect about 1 token per pass and no speed-up over AR. "
              "The machinery shown here is real; the gains need a trained model.")
 LOADING = '<div class="mars-note" data-model="loading">Loading and warming up the model… Generate waits for it.</div>'
-VERIFIED_INFO = ("Verified: the model checks last pass's drafts itself, so the text is exactly AR's; struck-through "
+VERIFIED_INFO = ("Verified: the model checks last pass's drafts itself, so the text is exactly this model's greedy "
+                 "text (the backend the Model panel names: int8 by default on a CPU); struck-through "
                  "text = drafts it rejected. Each pass's drafts come from the mask positions or are copied from "
                  "the prompt and text so far (n-gram lookup), whichever is likelier to be accepted; the pass "
                  "inspector says which. In verified mode τ only chooses which mask drafts are sent to be "
@@ -178,7 +179,8 @@ class MarsApp:
         if d["gated"]:
             adapter += " (gated: acts at mask positions only, so tau 1.0 is the bare model)"
         rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
-                ("mask token", mask), ("adapter", adapter), ("device", d["device"]), ("dtype", d["dtype"])]
+                ("mask token", mask), ("adapter", adapter), ("device", d["device"]), ("dtype", d["dtype"]),
+                ("backend", backend_label(lm))]
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banner, table = viz.render_model_html(rows, notes)
         return banner, table, lm.trained_block_size or gr.skip(), gr.update(active=False)
@@ -213,7 +215,7 @@ class MarsApp:
             mode = check_mode(mode)
             prompt = check_prompt(prompt)
             cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, confidence))
-            ar_cfg = make_config("ar", 1.0, 1, max_new_tokens, confidence)
+            ar_cfg = make_config("ar", 1.0, 1, max_new_tokens, confidence, backend=cfg.backend)  # the same model
             ids = encode_checked(lm, prompt, cfg)
         except ValueError as e:
             raise gr.Error(str(e)) from None
@@ -379,14 +381,15 @@ class MarsApp:
     def api_generate_verified(
         self, prompt: str, block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 128, tau: float = 0.0
     ) -> tuple[str, dict]:
-        """Generate an answer with verified (lossless) MARS: exactly AR greedy's text, in fewer passes.
+        """Generate an answer with verified (lossless) MARS: exactly this model's greedy text (the server's
+        backend's model: int8 matrices by default on a CPU, see the trace's settings.backend), in fewer passes.
 
         Parameters:
             prompt: the user message (it goes through the model's chat template)
             block_size: drafts proposed per forward pass (B), 1 to 16
             max_new_tokens: how many tokens to generate at most
             tau: which drafts are sent to be checked (confidence >= tau); 0.0 sends all, the fastest. It never
-                changes the text, which is always AR's
+                changes the text, which is always this model's greedy text
         Returns:
             the generated text and its per-pass trace, as /generate
         """

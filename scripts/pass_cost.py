@@ -13,6 +13,7 @@ reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.f
     python scripts/pass_cost.py --threads 1
     python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
     python scripts/pass_cost.py --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
+    python scripts/pass_cost.py --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from mars.core.backends import FastBackend, HFBackend
+from mars.core.backends import WEIGHT_DTYPES, FastBackend, HFBackend
 
 
 class Floor:
@@ -33,10 +34,10 @@ class Floor:
     the packed fused copies for more), LM head included: the time to stream the weights once, the floor
     under any exact float32 pass of this width. The gap between `fast` and this row is its overhead."""
 
-    def __init__(self, model):
+    def __init__(self, model, weight_dtype: torch.dtype | None = None):
         from mars.core.fastpath import FastLM
 
-        fast = FastLM(model)
+        fast = FastLM(model, weight_dtype)
         self.mats = [m for layer in fast.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
         self.mats.append(fast.head)
         self.hidden = model.config.hidden_size
@@ -54,14 +55,14 @@ class Floor:
 
 
 def make(model, name: str, capacity: int):
-    """'hf', 'floor', 'fast', 'fast-bf16', or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
+    """'hf', 'floor', 'floor-int8' (int8 matrices' products only), 'fast', 'fast-bf16', 'fast-int8', or
+    'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
     if name == "hf":
         return HFBackend(model)
-    if name == "floor":
-        return Floor(model)
+    if name in ("floor", "floor-int8"):
+        return Floor(model, torch.int8 if name == "floor-int8" else None)
     base, _, layout = name.partition(":")
-    dtype = torch.bfloat16 if base == "fast-bf16" else None
-    return FastBackend(model, 1, capacity, dtype, layout or "auto")
+    return FastBackend(model, 1, capacity, WEIGHT_DTYPES.get(base), layout or "auto")
 
 
 def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_len: int, seed: int = 0,

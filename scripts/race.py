@@ -217,15 +217,18 @@ def handler_race(demo, prompt: str, max_new: int) -> dict:
 
 # ------------------------------------------------------------------------------------------------ the bench
 def bench_race(lm, prompt: str, max_new: int, threads: int, block: int = 4, tau: float = 0.9) -> dict:
-    """The bench's core path (`generate_ids`, batch 1) in this thread, mars then ar, on `threads` threads."""
+    """The bench's core path (`generate_ids`, batch 1) in this thread, mars then ar, on `threads` threads, on the
+    app's backend (MARS_BACKEND; int8 by default on a CPU), so that app and bench run the same model."""
     import torch
 
+    from mars.app.inputs import app_backend
     from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
     ids = encode_prompt(lm.tokenizer, prompt)
-    m = generate_ids(lm, [ids], DecodeConfig(mode="mars", tau=tau, block_size=block, max_new_tokens=max_new))[0]
-    a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new))[0]
+    kw = dict(max_new_tokens=max_new, backend=app_backend())
+    m = generate_ids(lm, [ids], DecodeConfig(mode="mars", tau=tau, block_size=block, **kw))[0]
+    a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, **kw))[0]
     return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
             "mars_pass_ms": median_ms([s.seconds for s in m.steps]),
             "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,

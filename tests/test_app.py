@@ -20,6 +20,7 @@ import gradio as gr
 import pytest
 
 import app as app_module
+from mars.app.inputs import app_backend
 from mars.app.serving import free_port
 from mars.app.serving import load_other
 from mars.app.session import Session
@@ -68,7 +69,8 @@ def run(ui, session, prompt=PROMPT, tau=0.9, block=4, max_new=40, compare=False,
 
 def greedy(lm, prompt, mode, tau=0.9, max_new=40):
     ids = encode_prompt(lm.tokenizer, prompt)
-    return generate_ids(lm, [ids], DecodeConfig(mode=mode, tau=tau, max_new_tokens=max_new))[0]
+    # the app's backend (MARS_BACKEND, int8 by default on a CPU): the model whose text the app promises
+    return generate_ids(lm, [ids], DecodeConfig(mode=mode, tau=tau, max_new_tokens=max_new, backend=app_backend()))[0]
 
 
 def test_generation_streams_one_update_per_pass(ui, lm):
@@ -366,7 +368,7 @@ def test_verified_mode_drafts_from_two_sources_and_the_inspector_says_which(ui, 
     run = session.mars
     assert run.config.mode == "verified" and run.config.drafts == "both"
     ids = encode_prompt(lm.tokenizer, prompt)
-    ar = generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=40))[0]
+    ar = generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=40, backend=app_backend()))[0]
     assert run.token_ids == ar.token_ids
     sources = {s.draft_source for s in run.steps}
     assert "lookup" in sources  # the tiny model repeats itself: copies fire

@@ -24,7 +24,7 @@ from conftest import serve
 from mars.app import serving
 from mars.app.serving import default_provider
 from mars.app.session import Session
-from mars.app.inputs import check_prompt, make_config, sanitize_text
+from mars.app.inputs import app_backend, check_prompt, make_config, sanitize_text
 from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 from mars.models.loading import LoadError
 from tiny import make_loaded, save_tiny
@@ -59,7 +59,7 @@ def run(ui, session, prompt=PROMPT, tau=0.9, block=4, max_new=30, compare=False,
 
 def alone(lm, prompt, mode="mars", tau=0.9, max_new=30, block=4):
     ids = encode_prompt(lm.tokenizer, sanitize_text(prompt))
-    cfg = DecodeConfig(mode=mode, tau=tau, max_new_tokens=max_new, block_size=block)
+    cfg = DecodeConfig(mode=mode, tau=tau, max_new_tokens=max_new, block_size=block, backend=app_backend())
     return generate_ids(lm, [ids], cfg)[0]
 
 
@@ -539,7 +539,8 @@ def test_verified_mode_starts_at_its_fastest_lossless_setting(lm):
     session = Session()
     list(run(ui, session, tau=0.0, max_new=20, mode=VERIFIED))
     ids = encode_prompt(lm.tokenizer, PROMPT)
-    assert session.mars.token_ids == generate_ids(lm, [ids], DecodeConfig(mode="ar", max_new_tokens=20))[0].token_ids
+    ar = DecodeConfig(mode="ar", max_new_tokens=20, backend=app_backend())  # the app's model: its lossless promise
+    assert session.mars.token_ids == generate_ids(lm, [ids], ar)[0].token_ids
 
 
 def test_queued_visitors_see_their_place_in_the_queue_on_the_stats_tiles(lm):
@@ -571,3 +572,24 @@ def test_memory_stays_flat_over_50_runs(ui, tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("mars-run-*"))) == 1  # a session keeps its last run's files only
     session.close()  # Gradio's delete_callback, once the visitor has gone
     assert not list(tmp_path.glob("mars-run-*"))
+
+
+def test_the_app_runs_int8_by_default_and_says_so(lm, monkeypatch):
+    """The app's default backend is int8 on a CPU (issue 24); MARS_BACKEND chooses another, checked once."""
+    from mars.core.backends import resolve_backend
+
+    monkeypatch.delenv("MARS_BACKEND", raising=False)
+    assert app_backend() == "auto-int8" and resolve_backend(lm.model, app_backend()) == "fast-int8"
+    ui = app_module.create_demo(lambda: lm).mars_app
+    _, table, *_ = ui.model_info()
+    assert "fast-int8" in table and "greedy text" in table
+    session = Session()
+    list(run(ui, session, max_new=8, compare=True))
+    assert session.mars.config.backend == "fast-int8" and session.ar.config.backend == "fast-int8"
+    monkeypatch.setenv("MARS_BACKEND", "auto")
+    assert make_config("mars", 0.9, 4, 8).backend == "auto"
+    _, table, *_ = ui.model_info()
+    assert "fast: float32" in table
+    monkeypatch.setenv("MARS_BACKEND", "turbo")
+    with pytest.raises(ValueError, match="MARS_BACKEND"):
+        make_config("mars", 0.9, 4, 8)

@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from mars.app.inputs import sanitize_text
+from mars.app.inputs import app_backend, sanitize_text
 from mars.core.decoding import DecodeConfig, DecodeControl, stream
 from mars.core.records import PassRecord
 
@@ -154,7 +154,8 @@ class ModelHolder:
         ids = lm.tokenizer("Hello", add_special_tokens=False)["input_ids"] or [0]
         modes = ["mars", "ar"] if lm.mask_token_id is not None else ["ar"]
         for mode in modes:
-            cfg = DecodeConfig(mode=mode, max_new_tokens=4, block_size=4 if mode == "mars" else 1)
+            cfg = DecodeConfig(mode=mode, max_new_tokens=4, block_size=4 if mode == "mars" else 1,
+                               backend=app_backend())  # builds the matrices visitors' runs use (int8: its copy)
             for _ in self.passes(lm, ids, cfg, DecodeControl()):
                 pass
         return lm

@@ -10,7 +10,10 @@ which keys each window input may attend to. Backends:
   hf        transformers' own forward and DynamicCache: the reference path
   fast      mars.core.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
   fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
+  fast-int8 fast, with int8 matrices (mars.core.quant): a quarter of the bytes; its own model, whose greedy
+            text the lossless modes then reproduce exactly (batch = alone, verified = its AR)
   auto      fast where the model is supported and on the CPU, else hf
+  auto-int8 fast-int8 where the model is supported and on the CPU, else hf (the app's default: MARS_BACKEND)
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import torch
 
 from mars.core.masks import additive_mask
 
-BACKENDS = ("auto", "fast", "hf", "fast-bf16")
+BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8")
+WEIGHT_DTYPES = {"fast-bf16": torch.bfloat16, "fast-int8": torch.int8}  # fast backends with other matrices
 
 
 class HFBackend:
@@ -81,7 +85,8 @@ class FastBackend:
 
 
 def resolve_backend(model, name: str) -> str:
-    """'auto' -> 'fast' or 'hf'; 'fast' on a model the fast path cannot run is an error that says why."""
+    """'auto' -> 'fast' or 'hf', 'auto-int8' -> 'fast-int8' or 'hf'; 'fast' on a model the fast path cannot run
+    is an error that says why."""
     from mars.core.fastpath import unsupported_reason
 
     if name not in BACKENDS:
@@ -89,8 +94,9 @@ def resolve_backend(model, name: str) -> str:
     if name == "hf":
         return name
     reason = unsupported_reason(model)
-    if name == "auto":
-        return "fast" if reason is None and next(model.parameters()).device.type == "cpu" else "hf"
+    if name in ("auto", "auto-int8"):
+        fast = "fast" if name == "auto" else "fast-int8"
+        return fast if reason is None and next(model.parameters()).device.type == "cpu" else "hf"
     if reason is not None:
         raise ValueError(f"backend {name!r} cannot run this model: {reason}; use backend 'hf'")
     return name  # a CPU that cannot run fast-bf16 is refused by FastLM itself, the one place that checks
@@ -101,4 +107,4 @@ def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = 
     name = resolve_backend(model, name)
     if name == "hf":
         return HFBackend(model, use_cache)
-    return FastBackend(model, batch, capacity, torch.bfloat16 if name == "fast-bf16" else None)
+    return FastBackend(model, batch, capacity, WEIGHT_DTYPES.get(name))

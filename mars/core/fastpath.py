@@ -22,6 +22,7 @@ rounding (relative ~1e-5 in float32, ~1e-15 in float64): only the order of sums 
 matmuls): it changes the numerics, so it is opt-in and never the default. oneDNN runs bfloat16 only on
 CPUs with AVX-512 (bw, vl, dq) or AVX-NE-CONVERT; elsewhere (an AVX2-only AMD EPYC, say) asking for it
 is refused up front with `bf16_unsupported_reason`'s message instead of failing inside oneDNN.
+`weight_dtype=torch.int8` runs mars.core.quant's int8 matrices instead (backend "fast-int8"; every CPU).
 
 The KV cache (`KVCache`) has the decoder's verbs: `length`, `truncate(n)` (drop every column >= n:
 masks and rejected drafts are simply overwritten by the next pass) and `select(rows)`.
@@ -160,13 +161,22 @@ class _Linear:
         return y if y.dtype == in_dtype else y.to(in_dtype)
 
 
+def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = None):
+    """The matrix class for this weight dtype: int8 runs mars.core.quant's kernel, the rest `_Linear`."""
+    if wdtype == torch.int8:
+        from mars.core.quant import Int8Linear  # imports this module: loaded on first use
+
+        return Int8Linear(mods, lora)
+    return _Linear(mods, layout, wdtype, lora)
+
+
 class _Layer:
     def __init__(self, layer, layout: str, wdtype: torch.dtype, gated=None, names: dict | None = None):
         a, m = layer.self_attn, layer.mlp
 
         def lin(mods):  # fused Linear, with the gated adapter's deltas of these modules when there is one
             lora = gated.fused({names[mod]: mod for mod in mods}) if gated is not None else None
-            return _Linear(mods, layout, wdtype, lora)
+            return _matrix(mods, layout, wdtype, lora)
 
         self.ln1 = layer.input_layernorm.weight.detach()  # shared with the model, not copied
         self.ln2 = layer.post_attention_layernorm.weight.detach()
@@ -258,7 +268,7 @@ class FastLM:
         self.gated = getattr(model, "_mars_gated", None)
         names = {mod: name for name, mod in model.named_modules()} if self.gated is not None else None
         self.layers = [_Layer(layer, layout, self.weight_dtype, self.gated, names) for layer in inner.layers]
-        self.head = _Linear([model.lm_head], layout, self.weight_dtype)
+        self.head = _matrix([model.lm_head], layout, self.weight_dtype)
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0)
         self.device = self.embed.device

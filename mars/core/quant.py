@@ -1,0 +1,116 @@
+"""int8 matrices for the fast path (`backend="fast-int8"`): a quarter of float32's bytes per pass.
+
+Why: at batch 1 on a CPU a small model's pass is the time to stream its weights. Measured here (the default
+model's 121 matrices, 2 threads): float32 `F.linear` 23 ms for 1 row and ~48 ms for 5; `torch._int_mm`
+(int8 x int8 -> int32, oneDNN) 12 ms for 1 row and ~14 ms for 5. torch's weight-only int8 kernel was 4x
+slower than float32, and fbgemm's dynamic quantization uses one activation scale per pass, which couples
+the rows (a row's output would depend on the other rows of its pass: batch != alone, verified != AR).
+
+The rule, per Linear (q|k|v and gate|up fused, as in the packed float layout):
+    W_q = round(W / s_w) in [-WEIGHT_MAX, WEIGHT_MAX]   s_w = max|W[o, :]| / WEIGHT_MAX   (per output channel)
+    u   = x / s_x,  x_q = round(u) in [-127, 127]       s_x = max|x[r, :]| / 127          (per row, each pass)
+    r_q = round((u - x_q) * 254) in [-127, 127]         the rounding's residual: ~16-bit rows
+    y   = ([x_q | r_q] @ W_q.T  combined as  acc_x + acc_r / 254) * s_x[r] * s_w[o]  (+ bias)
+x_q and r_q go through one `_int_mm` as 2n rows: the weights are streamed once, so the residual costs little.
+Every row is quantized on its own and the integer products are exact, so a row's output is the same whatever
+else is in its pass: batch = alone and verified = this model's AR greedy hold token for token.
+
+Why 7 bits of weight (WEIGHT_MAX = 64) and not 8: on CPUs without VNNI (AVX2-only, AVX-512 before Cascade
+Lake) oneDNN multiplies u8 x s8 pairs with vpmaddubsw, whose 16-bit sums saturate: with full-range weights
+`_int_mm` returned wrong integers there (checked with ONEDNN_MAX_CPU_ISA=AVX2). With |W_q| <= 64 a pair's sum
+is at most 2 * 255 * 64 = 32640 < 2^15, so every CPU computes the same exact integers, and the int8 model's
+text is the same on the Space's AVX2 machine as here.
+
+The gated adapter's deltas (mars.models.gated) stay in float, added after the int8 product.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mars.core.fastpath import _Linear
+
+WEIGHT_MAX = 64  # |W_q| bound: exact integer products on every x86 ISA (see the module docstring)
+ACT_MAX = 127
+
+
+def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(W_q int8 (out, in), s_w float (out,)): symmetric, one scale per output channel (row of W)."""
+    scale = w.abs().amax(dim=1).clamp_min(torch.finfo(w.dtype).tiny) / WEIGHT_MAX  # (out,)
+    q = torch.round(w / scale[:, None]).clamp_(-WEIGHT_MAX, WEIGHT_MAX).to(torch.int8)
+    return q, scale
+
+
+# One int8 row per activation row was the larger error: measured on the default model (KL to float32's
+# next-token distribution, teacher-forced on its greedy text, 12 held-out prompts): 8-bit rows 0.035, 7-bit
+# weights 0.016, both 0.056. SmoothQuant's per-channel migration (arXiv 2211.10438) only reached 0.050 (alpha
+# 0.5; higher alphas were worse, the 7-bit weights taking the range). Two int8 rows per row (the value and
+# the residual of its rounding) cost ~nothing, since the pass is weight-bound, and bring the total to 0.0155:
+# the weights' own error.
+RESIDUAL_STEPS = 254  # the residual of rounding is in [-1/2, 1/2] step: 254 levels fill [-127, 127]
+
+
+def quantize_rows2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows at ~16 bits as two int8 rows each: x ~ s_x * (x_q + r_q / RESIDUAL_STEPS), stacked [x_q | r_q]
+    (2n, in), so that one `_int_mm` streams the weights once for both (2 rows cost ~1 row: the pass is
+    weight-bound). Returns (stacked int8, s_x (n,))."""
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=1).clamp_min_(torch.finfo(x.dtype).tiny)
+    u = x * (ACT_MAX / amax)[:, None]  # in [-127, 127]
+    q = u.round()
+    r = (u - q).mul_(RESIDUAL_STEPS).round_()  # |u - q| <= 1/2: r in [-127, 127]
+    return torch.cat([q, r]).to(torch.int8), amax / ACT_MAX
+
+
+class Int8Linear(_Linear):
+    """The fast path's `_Linear` (fused outputs, float gated deltas) with int8 weights run by `torch._int_mm`.
+
+    Activation rows run at ~16 bits as two int8 rows each (`quantize_rows2`), in the same product."""
+
+    def __init__(self, mods: list, lora: tuple | None = None):
+        if mods[0].weight.device.type != "cpu":  # CUDA's _int_mm wants > 16 rows: no use for decoding
+            raise ValueError("backend 'fast-int8' runs on a CPU only; use 'auto' (or 'fast') on this device")
+        w = torch.cat([m.weight.detach() for m in mods]).float()  # (out, in): q|k|v or gate|up side by side
+        dtype = mods[0].weight.dtype
+        self.lora = lora  # float deltas, added by _Linear.__call__
+        self.out_features = w.shape[0]
+        self.dtype = torch.int8
+        self.qweight, scale = quantize_weight(w)
+        # _int_mm wants (in, out): the transposed view of the row-major (out, in) copy was the fastest layout
+        # measured (12 ms a 1-row pass against 17 ms for a contiguous (in, out) copy)
+        self.qweight_t = self.qweight.t()
+        self.scale = scale.to(dtype)
+        self.bias = None
+        if any(m.bias is not None for m in mods):
+            self.bias = torch.cat([m.bias.detach() if m.bias is not None else mods[0].weight.new_zeros(m.weight.shape[0])
+                                   for m in mods])
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x = x.reshape(-1, x.shape[-1])
+        n = x.shape[0]
+        xq, sx = quantize_rows2(x)  # (2n, in): [x_q | residual_q], (n,)
+        acc = torch._int_mm(xq, self.qweight_t).to(x.dtype)  # (2n, out): exact integers, one pass over W
+        y = acc[:n].add_(acc[n:], alpha=1 / RESIDUAL_STEPS)
+        y.mul_(sx[:, None]).mul_(self.scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*lead, self.out_features)
+
+
+def reference_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The slow, obvious version of `Int8Linear` for one matrix, row by row in int64 (the tests' yardstick)."""
+    wq, sw = quantize_weight(w.float())
+    rows = []
+    for row in x.reshape(-1, x.shape[-1]):
+        amax = row.abs().max().clamp_min(torch.finfo(x.dtype).tiny)
+        u = row * (ACT_MAX / amax)
+        q = torch.round(u)
+        r = torch.round((u - q) * RESIDUAL_STEPS)
+        assert q.abs().max() <= ACT_MAX and r.abs().max() <= ACT_MAX
+        acc_q = (wq.long() * q.long()[None, :]).sum(dim=1)  # (out,) exact
+        acc_r = (wq.long() * r.long()[None, :]).sum(dim=1)
+        rows.append((acc_q.to(x.dtype) + acc_r.to(x.dtype) / RESIDUAL_STEPS) * (amax / ACT_MAX) * sw.to(x.dtype))
+    y = torch.stack(rows)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], w.shape[0])
