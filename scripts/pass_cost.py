@@ -13,6 +13,7 @@ reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.f
     python scripts/pass_cost.py --threads 1
     python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
     python scripts/pass_cost.py --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
+    python scripts/pass_cost.py --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.core.static)
 """
 
 from __future__ import annotations
@@ -54,9 +55,14 @@ class Floor:
 
 
 def make(model, name: str, capacity: int):
-    """'hf', 'floor', 'fast', 'fast-bf16', or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
+    """'hf', 'floor', 'fast', 'fast-bf16', 'static', or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix
+    layouts."""
     if name == "hf":
         return HFBackend(model)
+    if name == "static":
+        from mars.core.static import StaticBackend
+
+        return StaticBackend(model, 1, capacity)
     if name == "floor":
         return Floor(model)
     base, _, layout = name.partition(":")
@@ -97,7 +103,9 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
         for W in widths:
             for name, be in runs.items():
                 t0 = time.perf_counter()
-                be.forward(*inputs[W])
+                out = be.forward(*inputs[W])
+                if out is not None and out.is_cuda:  # a GPU runs ahead of the host: time the pass, not its launch
+                    torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
                 be.truncate(prompt_len)
                 if r:

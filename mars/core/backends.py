@@ -1,6 +1,7 @@
 """The decoder's view of a model: one forward function and one KV cache, whichever code runs the model.
 
-    forward(ids, positions, allowed, keep) -> logits (b, len(keep), V), float32, on the CPU
+    forward(ids, positions, allowed, keep) -> logits (b, len(keep), V), float32, on the CPU (static: on the
+                                              model's device, where the modes score and accept them)
     length        columns held in the KV cache
     truncate(n)   keep columns [0, n): drops mask and rejected-draft KV after a pass
     select(rows)  keep these batch rows (finished rows leave the batch)
@@ -10,7 +11,8 @@ which keys each window input may attend to. Backends:
   hf        transformers' own forward and DynamicCache: the reference path
   fast      mars.core.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
   fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
-  auto      fast where the model is supported and on the CPU, else hf
+  static    mars.core.static: the fast path at fixed padded shapes, replayed as CUDA graphs on a GPU
+  auto      where the model is supported: fast on the CPU, static on a GPU; else hf
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from mars.core.masks import additive_mask
 
-BACKENDS = ("auto", "fast", "hf", "fast-bf16")
+BACKENDS = ("auto", "fast", "hf", "fast-bf16", "static")
 
 
 class HFBackend:
@@ -90,7 +92,10 @@ def resolve_backend(model, name: str) -> str:
         return name
     reason = unsupported_reason(model)
     if name == "auto":
-        return "fast" if reason is None and next(model.parameters()).device.type == "cpu" else "hf"
+        if reason is not None:
+            return "hf"
+        # padding a pass to a fixed width costs real arithmetic on a CPU, and nothing on a GPU (host-bound)
+        return "fast" if next(model.parameters()).device.type == "cpu" else "static"
     if reason is not None:
         raise ValueError(f"backend {name!r} cannot run this model: {reason}; use backend 'hf'")
     return name  # a CPU that cannot run fast-bf16 is refused by FastLM itself, the one place that checks
@@ -101,4 +106,8 @@ def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = 
     name = resolve_backend(model, name)
     if name == "hf":
         return HFBackend(model, use_cache)
+    if name == "static":
+        from mars.core.static import StaticBackend
+
+        return StaticBackend(model, batch, capacity)
     return FastBackend(model, batch, capacity, torch.bfloat16 if name == "fast-bf16" else None)
