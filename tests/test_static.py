@@ -209,3 +209,67 @@ def test_to_host_one_copy():
     assert _in_one_copy((tok, conf, n)) == [[5, 7], conf.tolist(), 2]  # the GPU's route: one copy, same values
     with pytest.raises(ValueError):
         to_host(torch.zeros(2, 2))
+
+
+class _FakeGraphs:
+    """torch.cuda's graph API, imitated on the CPU to check the host side of capture and replay: a captured
+    call runs nothing (its output is NaN until a replay), a replay reruns it on the static buffers as they
+    are then. Stale inputs, a missing replay or a reused output buffer would change the tokens."""
+
+    def __init__(self, slm):
+        self.captured = []
+        self.capturing = None
+        real = slm.run_step
+
+        def run_step(*args):
+            if self.capturing is None:
+                return real(*args)
+            out = torch.full_like(real(*args), float("nan"))
+            self.capturing.calls.append(lambda: out.copy_(real(*args)))
+            return out
+
+        slm.run_step = run_step
+        fake = self
+
+        class CUDAGraph:
+            def __init__(self):
+                self.calls = []
+                fake.captured.append(self)
+
+            def replay(self):
+                for call in self.calls:
+                    call()
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        from contextlib import contextmanager
+
+        @contextmanager
+        def graph(g, pool=None, capture_error_mode="global"):
+            self.capturing = g
+            yield
+            self.capturing = None
+
+        @contextmanager
+        def stream(s):
+            yield
+
+        self.api = dict(CUDAGraph=CUDAGraph, Stream=Stream, graph=graph, stream=stream,
+                        current_stream=lambda: Stream(), graph_pool_handle=lambda: object())
+
+
+def test_graph_capture_and_replay_host_logic(monkeypatch, tiny_lm):
+    """The CUDA route (one graph per shape, inputs copied into static buffers, replayed) on fake graphs."""
+    slm = StaticLM(tiny_lm.model)
+    monkeypatch.setitem(static._BUILT, static.fast_model(tiny_lm.model), slm)
+    fake = _FakeGraphs(slm)
+    for name, fn in fake.api.items():
+        monkeypatch.setattr(torch.cuda, name, fn, raising=False)
+    slm.graphs_on = True
+    ids = _ids(tiny_lm)
+    for kw in (dict(mode="mars", tau=0.5), dict(mode="verified", tau=0.0, drafts="both"), dict(mode="ar")):
+        _same(tiny_lm, ids, kw)
+        _same(tiny_lm, [ids[0]], kw)
+    assert 0 < len(fake.captured) == len({(b, w, g) for b, w, g in slm.shapes if w in WIDTHS})  # one capture per shape

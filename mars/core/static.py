@@ -98,8 +98,11 @@ class _Graph:
             for _ in range(2):
                 slm.run_step(self.ids, self.pos, self.allowed, self.cols, state, gated)
         torch.cuda.current_stream().wait_stream(side)
+        # capture records the kernels without running them: `out` holds the logits only after a replay (and
+        # replaying the same pass again rewrites the same KV)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=state.pool):
+        # thread_local: the app decodes in worker threads; another thread's CUDA calls do not void this capture
+        with torch.cuda.graph(self.graph, pool=state.pool, capture_error_mode="thread_local"):
             self.out = slm.run_step(self.ids, self.pos, self.allowed, self.cols, state, gated)
 
     def replay(self, ids, pos, allowed, cols) -> torch.Tensor:
@@ -184,9 +187,8 @@ class StaticLM:
             d = self.device
             return self.run_step(ids.to(d), pos.to(d), allowed.to(d), cols.to(d), state, gated)
         graph = state.graphs.get((W, gated))
-        if graph is None:  # first pass of this shape: capturing it also runs it
+        if graph is None:  # first pass of this shape: capture it over this pass's inputs
             graph = state.graphs[(W, gated)] = _Graph(self, state, ids, pos, allowed, cols, gated)
-            return graph.out
         return graph.replay(ids, pos, allowed, cols)
 
     def acquire(self, batch: int, capacity: int) -> StaticState:
@@ -265,7 +267,10 @@ class StaticBackend:
         # 2. the pass; 3. the logits asked for, gathered on the device (the graph's output buffer is reused)
         with torch.inference_mode():
             logits = self.slm.run(st, ids_p, pos_p, allowed_p, cols, gated)
-            out = logits[:b, torch.as_tensor(keep, device=logits.device)]
+            if keep == list(range(keep[0], keep[0] + len(keep))):
+                out = logits[:b, keep[0]:keep[0] + len(keep)].clone()  # a copy: the next replay reuses the buffer
+            else:  # copied without waiting for the device (a blocking copy would wait for the pass)
+                out = logits[:b, torch.tensor(keep).to(logits.device, non_blocking=True)]
         st.length = C + W
         return out
 
