@@ -146,11 +146,11 @@ def test_runs_alive_at_once_keep_their_own_buffers(tiny_lm):
     assert got == alone
 
 
-def test_bucketing_bounds_the_shapes(tiny_lm):
+def test_bucketing_bounds_the_shapes(monkeypatch, tiny_lm):
     """Every pass of ar, mars, verified (every group) and batches runs at one of a few shapes: few graphs to
     capture, and fewer than dynamo's recompile limit per batch size."""
     slm = StaticLM(tiny_lm.model)
-    static._BUILT[static.fast_model(tiny_lm.model)] = slm  # count this run's shapes only
+    monkeypatch.setattr(static.fast_model(tiny_lm.model), "_static", slm)  # count this test's shapes only
     ids = _ids(tiny_lm)
     widths = set()
     for kw in CONFIGS:
@@ -263,7 +263,7 @@ class _FakeGraphs:
 def test_graph_capture_and_replay_host_logic(monkeypatch, tiny_lm):
     """The CUDA route (one graph per shape, inputs copied into static buffers, replayed) on fake graphs."""
     slm = StaticLM(tiny_lm.model)
-    monkeypatch.setitem(static._BUILT, static.fast_model(tiny_lm.model), slm)
+    monkeypatch.setattr(static.fast_model(tiny_lm.model), "_static", slm)
     fake = _FakeGraphs(slm)
     for name, fn in fake.api.items():
         monkeypatch.setattr(torch.cuda, name, fn, raising=False)
@@ -273,3 +273,39 @@ def test_graph_capture_and_replay_host_logic(monkeypatch, tiny_lm):
         _same(tiny_lm, ids, kw)
         _same(tiny_lm, [ids[0]], kw)
     assert 0 < len(fake.captured) == len({(b, w, g) for b, w, g in slm.shapes if w in WIDTHS})  # one capture per shape
+
+
+def test_static_mars_batch_default_model(default_lm):
+    from test_fastpath import DEFAULT_PROMPTS
+
+    ids = [encode_prompt(default_lm.tokenizer, p) for p in DEFAULT_PROMPTS]
+    _same(default_lm, ids, dict(mode="mars", tau=0.5, max_new_tokens=12))
+
+
+@pytest.mark.slow
+def test_static_decodes_the_fast_paths_tokens_default_model(default_lm):
+    """float32, the real model (SmolLM2-135M), with its shipped B: ar, mars and verified, alone and batched."""
+    from test_fastpath import DEFAULT_PROMPTS
+
+    ids = [encode_prompt(default_lm.tokenizer, p) for p in DEFAULT_PROMPTS]
+    for kw in (dict(mode="ar"), dict(mode="mars", tau=0.5), dict(mode="verified", tau=0.0, drafts="both")):
+        _same(default_lm, ids, dict(kw, max_new_tokens=24))
+        _same(default_lm, ids[:1], dict(kw, max_new_tokens=24))
+
+
+def test_static_model_follows_weight_changes_and_frees_the_old_one():
+    import gc
+    import weakref
+
+    lm = tiny.make_loaded("llama", seed=5)
+    a = static_model(lm.model)
+    assert static_model(lm.model) is a
+    with torch.no_grad():
+        lm.model.model.layers[0].mlp.down_proj.weight.mul_(1.5)  # e.g. an optimizer step between evaluations
+    b = static_model(lm.model)
+    assert b is not a
+    gone = weakref.ref(a)
+    del a
+    gc.collect()
+    assert gone() is None  # the old buffers do not pile up
+    _same(lm, _ids(lm)[:1], dict(mode="mars", tau=0.5), other="hf")  # and the new one runs the new weights

@@ -207,17 +207,17 @@ class StaticLM:
             del self._idle[:-IDLE_STATES]  # the oldest go (and their graphs' memory with them)
 
 
-_BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
 def static_model(model) -> StaticLM:
-    """The StaticLM of `model`, built once per FastLM (which fast_model rebuilds when the weights change)."""
+    """The StaticLM of `model`, built once per FastLM and kept on it: when fast_model rebuilds the FastLM
+    (the weights changed), the old StaticLM and its buffers go with the old FastLM."""
     fast = fast_model(model)
     with _LOCK:
-        slm = _BUILT.get(fast)
+        slm = getattr(fast, "_static", None)
         if slm is None:
-            slm = _BUILT[fast] = StaticLM(model)
+            slm = fast._static = StaticLM(model)
         return slm
 
 
@@ -249,8 +249,8 @@ class StaticBackend:
             raise ValueError(f"{b} rows fed to a cache of {self.rows} live rows")
         if C + W > self.state.capacity:
             self._grow(C + W)
-        if C + W > self.slm.max_positions:
-            raise ValueError(f"a pass reaching column {C + W} is past the model's context of {self.slm.max_positions}")
+        if int(positions.max()) >= self.slm.max_positions:  # a host tensor: no device wait
+            raise ValueError(f"position {int(positions.max())} is past the model's context of {self.slm.max_positions}")
         st = self.state
         Wp = bucket(W, WIDTHS) or W
         B, N = st.batch, st.columns
