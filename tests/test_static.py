@@ -309,3 +309,16 @@ def test_static_model_follows_weight_changes_and_frees_the_old_one():
     gc.collect()
     assert gone() is None  # the old buffers do not pile up
     _same(lm, _ids(lm)[:1], dict(mode="mars", tau=0.5), other="hf")  # and the new one runs the new weights
+
+
+def test_live_tau_reaches_the_next_pass(tiny_lm):
+    """tau is not part of any graph (the acceptance runs after the pass), so a slider still steers a run."""
+    from mars.core.decoding import DecodeControl, stream
+
+    control = DecodeControl()
+    seen = []
+    for rec in stream(tiny_lm, _ids(tiny_lm)[2], DecodeConfig(tau=1.0, max_new_tokens=30, backend="static"), control):
+        seen.append(rec)
+        if rec.pass_index == 2:
+            control.tau = 0.0
+    assert all(len(r.token_ids) == 1 for r in seen[:3]) and max(len(r.token_ids) for r in seen[3:]) > 1
