@@ -14,6 +14,7 @@ reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.f
     python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
     python scripts/pass_cost.py --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
     python scripts/pass_cost.py --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
+    python scripts/pass_cost.py --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.core.static)
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ class Floor:
 
 
 def make(model, name: str, capacity: int):
-    """'hf', 'floor', 'floor-int8' (int8 matrices' products only), 'fast', 'fast-bf16', 'fast-int8', or
-    'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
+    """'hf', 'floor', 'floor-int8' (int8 matrices' products only), 'fast', 'fast-bf16', 'fast-int8', 'static',
+    or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
     if name == "hf":
         return HFBackend(model)
+    if name == "static":
+        from mars.core.static import StaticBackend
+
+        return StaticBackend(model, 1, capacity)
     if name in ("floor", "floor-int8"):
         return Floor(model, torch.int8 if name == "floor-int8" else None)
     base, _, layout = name.partition(":")
@@ -98,7 +103,9 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
         for W in widths:
             for name, be in runs.items():
                 t0 = time.perf_counter()
-                be.forward(*inputs[W])
+                out = be.forward(*inputs[W])
+                if out is not None and out.is_cuda:  # a GPU runs ahead of the host: time the pass, not its launch
+                    torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
                 be.truncate(prompt_len)
                 if r:

@@ -46,7 +46,9 @@ def choose_and_score(
     probs = logp.exp()
     if temperature > 0:
         flat = torch.softmax(logits.float().reshape(-1, logits.shape[-1]) / temperature, dim=-1)
-        tokens = torch.multinomial(flat, 1, generator=generator).reshape(logits.shape[:-1])
+        if generator is not None and flat.device != generator.device:
+            flat = flat.to(generator.device)  # the seeded draw stays where the seed is: same text on every device
+        tokens = torch.multinomial(flat, 1, generator=generator).reshape(logits.shape[:-1]).to(logits.device)
     else:
         tokens = logits.argmax(dim=-1)
     if measure == "prob":
@@ -71,13 +73,36 @@ def accept_lengths(conf: torch.Tensor, tau: float, max_per_pass: int | None = No
     """
     n = conf.shape[-1]
     if tau >= 1.0 or n == 1:
-        lengths = torch.ones(conf.shape[:-1], dtype=torch.long)
+        lengths = torch.ones(conf.shape[:-1], dtype=torch.long, device=conf.device)
     else:
         run = torch.cumprod((conf[..., 1:] >= tau).long(), dim=-1)  # 1 while the chain is unbroken
         lengths = 1 + run.sum(-1)
     if max_per_pass is not None:
         lengths = lengths.clamp(max=max(1, int(max_per_pass)))
     return lengths
+
+
+def to_host(*tensors: torch.Tensor) -> list:
+    """Small 0-d or 1-d results (ids, confidences, lengths) as Python values, brought back from the device in
+    ONE copy: on a GPU each `.tolist()` waits for the device, so a mode fetches what a pass needs at once.
+    Integer tensors come back as ints, float ones as the same floats (float32 -> float64 is exact)."""
+    if any(t.dim() > 1 for t in tensors):
+        raise ValueError("to_host takes 0-d or 1-d tensors")
+    if all(t.device.type == "cpu" for t in tensors):
+        return [t.tolist() for t in tensors]
+    return _in_one_copy(tensors)
+
+
+def _in_one_copy(tensors) -> list:
+    flat = torch.cat([t.reshape(-1).double() for t in tensors]).tolist()  # ids < 2^53 stay exact
+    out, at = [], 0
+    for t in tensors:
+        part = flat[at:at + t.numel()]
+        at += t.numel()
+        if not t.is_floating_point():
+            part = [int(x) for x in part]
+        out.append(part if t.dim() == 1 else part[0])
+    return out
 
 
 def is_finite_number(x) -> bool:

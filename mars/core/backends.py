@@ -1,6 +1,7 @@
 """The decoder's view of a model: one forward function and one KV cache, whichever code runs the model.
 
-    forward(ids, positions, allowed, keep) -> logits (b, len(keep), V), float32, on the CPU
+    forward(ids, positions, allowed, keep) -> logits (b, len(keep), V), float32, on the CPU (static: on the
+                                              model's device, where the modes score and accept them)
     length        columns held in the KV cache
     truncate(n)   keep columns [0, n): drops mask and rejected-draft KV after a pass
     select(rows)  keep these batch rows (finished rows leave the batch)
@@ -12,8 +13,9 @@ which keys each window input may attend to. Backends:
   fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
   fast-int8 fast, with int8 matrices (mars.core.quant): a quarter of the bytes; its own model, whose greedy
             text the lossless modes then reproduce exactly (batch = alone, verified = its AR)
-  auto      fast where the model is supported and on the CPU, else hf
-  auto-int8 fast-int8 where the model is supported and on the CPU, else hf (the app's default: MARS_BACKEND)
+  static    mars.core.static: the fast path at fixed padded shapes, replayed as CUDA graphs on a GPU
+  auto      where the model is supported: fast on the CPU, static on a GPU; else hf
+  auto-int8 as auto, but fast-int8 on the CPU (the app's default: MARS_BACKEND)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from mars.core.masks import additive_mask
 
-BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8")
+BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8", "static")
 WEIGHT_DTYPES = {"fast-bf16": torch.bfloat16, "fast-int8": torch.int8}  # fast backends with other matrices
 
 
@@ -95,8 +97,12 @@ def resolve_backend(model, name: str) -> str:
         return name
     reason = unsupported_reason(model)
     if name in ("auto", "auto-int8"):
-        fast = "fast" if name == "auto" else "fast-int8"
-        return fast if reason is None and next(model.parameters()).device.type == "cpu" else "hf"
+        if reason is not None:
+            return "hf"
+        # padding a pass to a fixed width costs real arithmetic on a CPU, and nothing on a GPU (host-bound)
+        if next(model.parameters()).device.type != "cpu":
+            return "static"
+        return "fast" if name == "auto" else "fast-int8"
     if reason is not None:
         raise ValueError(f"backend {name!r} cannot run this model: {reason}; use backend 'hf'")
     return name  # a CPU that cannot run fast-bf16 is refused by FastLM itself, the one place that checks
@@ -107,4 +113,8 @@ def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = 
     name = resolve_backend(model, name)
     if name == "hf":
         return HFBackend(model, use_cache)
+    if name == "static":
+        from mars.core.static import StaticBackend
+
+        return StaticBackend(model, batch, capacity)
     return FastBackend(model, batch, capacity, WEIGHT_DTYPES.get(name))

@@ -265,8 +265,8 @@ def decode_steps(
         for i, (r, plan, w) in enumerate(zip(live, plans, windows)):
             if plan is None:
                 continue
-            main = logits[i, [at[k] for k in w.main_reads]]
-            groups = [logits[i, [at[k] for k in g]] for g in w.group_reads]
+            main = _rows(logits[i], [at[k] for k in w.main_reads])
+            groups = [_rows(logits[i], [at[k] for k in g]) for g in w.group_reads]
             res = mode.accept(r, plan, main, groups, cfg, tau, gen)
             valid[i] += res.n_verified
             records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1]))
@@ -372,6 +372,14 @@ def _stack_windows(windows: list[_RowWindow], pad_id: int):
         pos[i, :n] = torch.tensor(w.positions)
         local[i, :n, :n] = w.allowed
     return ids, pos, local
+
+
+def _rows(logits: torch.Tensor, idx: list[int]) -> torch.Tensor:
+    """logits[idx]; a run of consecutive rows as a slice: indexing a GPU's tensor with a list copies the
+    list there first, and waits for the device to do so."""
+    if idx and idx == list(range(idx[0], idx[0] + len(idx))):
+        return logits[idx[0]:idx[0] + len(idx)]
+    return logits[idx]
 
 
 def _apply_limits(props: list[int], n: int, n_generated: int, max_new: int, eos: set[int]):

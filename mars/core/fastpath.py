@@ -127,6 +127,8 @@ class _Linear:
         self.parts = None  # [(weight, bias)] used by F.linear
         if own:
             self.parts = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in mods]
+            if w0.device.type != "cpu" and len(mods) > 1:  # a GPU: one fused matrix, one kernel (no oneDNN there)
+                self.parts = [_fuse(mods)]
         elif not pack:
             self.parts = [(m.weight.detach().to(dtype), None if m.bias is None else m.bias.detach().to(dtype))
                           for m in mods]
@@ -168,6 +170,14 @@ def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = N
 
         return Int8Linear(mods, lora)
     return _Linear(mods, layout, wdtype, lora)
+
+
+def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight, bias) of Linear modules side by side: outputs concatenated (a missing bias is zeros)."""
+    w = torch.cat([m.weight.detach() for m in mods])
+    if all(m.bias is None for m in mods):
+        return w, None
+    return w, torch.cat([m.bias.detach() if m.bias is not None else w.new_zeros(m.weight.shape[0]) for m in mods])
 
 
 class _Layer:

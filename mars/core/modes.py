@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score
+from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score, to_host
 from mars.core.lookup import Lookup, lookup_drafts
 
 DRAFT_SOURCES = ("mars", "lookup", "both")  # verified mode: where the drafts of a pass come from
@@ -57,8 +57,8 @@ class ARMode:
         return RowPlan()
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
-        tok, conf = choose_and_score(main[:1], cfg.confidence, cfg.temperature, gen)
-        return Outcome(tok.tolist(), conf.tolist(), [], [], proposal_logits=main[:1])
+        tok, conf = to_host(*choose_and_score(main[:1], cfg.confidence, cfg.temperature, gen))
+        return Outcome(tok, conf, [], [], proposal_logits=main[:1])
 
 
 class MarsMode:
@@ -74,8 +74,8 @@ class MarsMode:
         logits = torch.cat([main[:1]] + groups[:1])  # (B, V): the AR token, then the masks in order
         tok, conf = choose_and_score(logits, cfg.confidence, cfg.temperature, gen,
                                      confidence_logits=calibrate_logits(logits, self.temperatures, ar_rows=1))
-        n = int(accept_lengths(conf[None], tau, cfg.max_tokens_per_pass)[0])
-        t, c = tok.tolist(), conf.tolist()
+        # scored and accepted where the logits are (a GPU's): only the ids, confidences and count come back
+        t, c, n = to_host(tok, conf, accept_lengths(conf[None], tau, cfg.max_tokens_per_pass)[0])
         return Outcome(t[:n], c[:n], t[n:], c[n:], proposal_logits=logits)
 
 
@@ -106,8 +106,7 @@ class VerifiedMode:
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         drafts = plan.to_verify
-        ar_tok, ar_conf = choose_and_score(main, "prob")  # greedy: the AR model's own choice after each input
-        ar_tok, ar_conf = ar_tok.tolist(), ar_conf.tolist()
+        ar_tok, ar_conf = to_host(*choose_and_score(main, "prob"))  # greedy: the AR model's own choice after each input
         m = 0
         while m < len(drafts) and drafts[m] == ar_tok[m]:
             m += 1
@@ -115,7 +114,8 @@ class VerifiedMode:
             rejected_conf = plan.to_verify_conf[m:]
         else:  # copied drafts have no confidence of their own: report the verifying model's probability of each
             probs = torch.softmax(main[m:len(drafts)].float(), dim=-1)
-            rejected_conf = probs.gather(-1, torch.tensor(drafts[m:], dtype=torch.long)[:, None])[:, 0].tolist()
+            ix = torch.tensor(drafts[m:], dtype=torch.long, device=probs.device)
+            rejected_conf = probs.gather(-1, ix[:, None])[:, 0].tolist()
         out = Outcome(drafts[:m] + [ar_tok[m]], ar_conf[: m + 1], drafts[m:], rejected_conf,
                       n_verified=m, proposal_logits=main)
         # next drafts: the group that saw exactly the accepted drafts proposes what follows the AR token
@@ -124,10 +124,11 @@ class VerifiedMode:
         if m in idx:
             g = groups[idx.index(m)]
             tok, conf = choose_and_score(g, cfg.confidence, confidence_logits=calibrate_logits(g, self.temperatures, 0))
-            keep = int(accept_lengths(torch.cat([torch.ones(1), conf])[None], tau)[0]) - 1  # leading conf >= tau
+            keep = accept_lengths(torch.cat([conf.new_ones(1), conf])[None], tau)[0] - 1  # leading conf >= tau
+            tok, conf, keep = to_host(tok, conf, keep)
             if cfg.max_tokens_per_pass is not None:
                 keep = min(keep, cfg.max_tokens_per_pass - 1)
-            row.drafts, row.draft_conf = tok.tolist()[:keep], conf.tolist()[:keep]
+            row.drafts, row.draft_conf = tok[:keep], conf[:keep]
         return out
 
 
@@ -162,8 +163,7 @@ class JacobiMode:
         return RowPlan(to_verify=guesses)
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
-        pred, conf = choose_and_score(main, "prob")
-        pred, conf = pred.tolist(), conf.tolist()
+        pred, conf = to_host(*choose_and_score(main, "prob"))
         g = plan.to_verify
         m = 0
         while m < len(g) and g[m] == pred[m]:
