@@ -35,8 +35,16 @@ from mars.core.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
 from mars.core.masks import tree_depths
 from mars.core.modes import Outcome, RowPlan
 
+# The node budget N by device, from measurement (README, docs/tree.md): on a CPU every input costs time, so
+# the clock's best N is small; on a GPU a wider pass costs almost nothing, so more nodes only add accepted tokens
+DEFAULT_TREE_NODES = {"cpu": 8, "cuda": 32}
 MAX_BRANCH = 16  # candidates kept per depth between passes: top-8 already holds 84% of depth 1 (FINDINGS)
 LAST_GROUPS = 3  # verify_groups "last": mask groups on the nodes likeliest to end the path (root included)
+
+
+def default_tree_nodes(device_type: str) -> int:
+    """The node budget for a model on this kind of device (`torch.device.type`); unknown kinds get the CPU's."""
+    return DEFAULT_TREE_NODES.get(device_type, DEFAULT_TREE_NODES["cpu"])
 
 
 @dataclass
