@@ -32,8 +32,8 @@ from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
-    MAX_BLOCK, MODE_LABELS, backend_label, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model,
-    make_config, max_new_tokens_limit,
+    MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, backend_label, chart_every_s, check_mode, check_prompt,
+    encode_checked, fit_to_model, make_config, max_new_tokens_limit,
 )
 from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
 
@@ -205,7 +205,8 @@ class MarsApp:
         label = "τ (verified: only which drafts get checked)" if lossless else "τ (live: moves the running generation)"
         return gr.update(value=0.0 if lossless else 0.9, label=label)
 
-    def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, mode, session: Session):
+    def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, mode, session: Session,
+                 tree_nodes=0):
         """Stream a MARS (or verified MARS) run pass by pass, then (optionally) the AR baseline on the same prompt."""
         ui = self.ui
         if self.holder.state == "loading":
@@ -214,7 +215,8 @@ class MarsApp:
         try:
             mode = check_mode(mode)
             prompt = check_prompt(prompt)
-            cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, confidence))
+            cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, confidence,
+                                                      tree_nodes=tree_nodes))
             ar_cfg = make_config("ar", 1.0, 1, max_new_tokens, confidence, backend=cfg.backend)  # the same model
             ids = encode_checked(lm, prompt, cfg)
         except ValueError as e:
@@ -281,8 +283,12 @@ class MarsApp:
                       f"{len(rec.token_ids)} tokens accepted; next drafts sent at tau {rec.tau:.2f} {timing}.")
         else:
             header = f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} {timing}."
-        return viz.render_inspector_html(viz.inspector_rows(rec, decode, mode),
+        html = viz.render_inspector_html(viz.inspector_rows(rec, decode, mode),
                                          viz.chain_stop_reason(rec, block, mode), header)
+        if rec.tree_depths is not None:  # verified with a draft tree: its candidates by depth, the path that won
+            own = decode(rec.token_ids[len(rec.tree_path)]) if len(rec.token_ids) > len(rec.tree_path) else None
+            html += viz.render_tree_html(viz.tree_rows(rec, decode), own, rec.drafts_sent)
+        return html
 
     def run_sweep(self, prompt, taus_text, block_size, max_new_tokens, confidence, session: Session):
         lm = self._lm()
@@ -471,6 +477,8 @@ class MarsApp:
                 ui.mode = gr.Radio(list(MODE_LABELS), value=next(iter(MODE_LABELS)), label="decoding",
                                   elem_id="mode",
                                   info=VERIFIED_INFO)
+                ui.tree_nodes = gr.Slider(0, MAX_TREE_NODES_APP, value=0, step=1, elem_id="tree-nodes",
+                                          label="tree nodes (verified: candidates checked per pass; 0 = one chain)")
                 with gr.Row():
                     ui.confidence = gr.Dropdown(["prob", "entropy", "margin"], value="prob",
                                                label="confidence measure", elem_id="confidence")
@@ -557,7 +565,8 @@ class MarsApp:
         ui.mode.change(self.mode_changed, [ui.mode], [ui.tau], **quick)
         gen_outputs = [ui.output, ui.output_ar, ui.stats, ui.chart_tokens, ui.chart_conf, ui.chart_race,
                        ui.inspect_pass, ui.inspect, ui.download_html, ui.download_json]
-        gen_inputs = [ui.prompt, ui.tau, ui.block, ui.max_new, ui.confidence, ui.compare, ui.mode, session]
+        gen_inputs = [ui.prompt, ui.tau, ui.block, ui.max_new, ui.confidence, ui.compare, ui.mode, session,
+                      ui.tree_nodes]
         ui.generate.click(self.generate, gen_inputs, gen_outputs, api_name="ui_generate", **model_events)
         ui.prompt.submit(self.generate, gen_inputs, gen_outputs, api_name="ui_generate_submit", **model_events)
         ui.tau.change(self.set_tau, [ui.tau, session], None, **quick)

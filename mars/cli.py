@@ -53,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--drafts", default="mars", choices=list(DRAFT_SOURCES),
                    help="verified mode: drafts from the mask positions (mars), n-gram lookup in the prompt and "
                         "text so far (lookup), or whichever is expected to be accepted more, pass by pass (both)")
+    g.add_argument("--tree-nodes", default="0",
+                   help="verified mode: check a tree of up to N draft tokens per pass (mask candidates and lookup "
+                        "copies) instead of one chain; 'auto' = this device's measured best; 0 = one chain (default)")
     g.add_argument("--tau", type=float, default=None,
                    help="mars: accept proposals while confidence >= tau (default 0.9; 1.0 = plain AR). verified: "
                         "send only drafts with confidence >= tau to be checked; the text is AR's whatever tau "
@@ -144,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     b.add_argument("--backend", default="auto", choices=list(BACKENDS),
                    help="what runs the model for the core's methods (ar, mars, verified, jacobi)")
+    b.add_argument("--tree-nodes", type=int, nargs="+", default=[16],
+                   help="verified_tree / verified_tree_last: draft nodes per pass, one run per value")
     b.add_argument("--out", default=None, help="write the results as JSON here")
     e = sub.add_parser("eval", help="teacher-forced draft accuracy and decoding quality on held-out data")
     e.add_argument("--data", default="data/selfdistill/heldout.jsonl.gz", help="self-distilled JSONL, plain or .gz (held out)")
@@ -285,7 +290,8 @@ def cmd_bench(args) -> int:
     prompts, kinds = [prompts[i] for i in keep], [kinds[i] for i in keep]
     cfg = BenchConfig(prompts=prompts, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                       taus=tuple(args.taus), batch_sizes=tuple(args.batch_sizes), block_size=args.block_size,
-                      cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend)
+                      cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend,
+                      tree_nodes=tuple(args.tree_nodes))
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     bar = tqdm(desc="bench", unit="batch")
     status: dict = {}
@@ -330,7 +336,7 @@ def cmd_generate(args) -> int:
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
         temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, drafts=args.drafts,
-        backend=args.backend,
+        backend=args.backend, tree_nodes=tree_nodes_arg(args.tree_nodes, lm.model, args.mode),
     )
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):
@@ -349,12 +355,26 @@ def cmd_generate(args) -> int:
             sources = {s.draft_source for s in res.steps} - {None}
             origin = "" if sources <= {"mars"} else ", drafts from " + ", ".join(
                 f"{src} in {sum(s.draft_source == src for s in res.steps)} passes" for src in sorted(sources))
+            tree = f" tree={cfg.tree_nodes}" if cfg.tree_nodes else ""
             print(
-                f"[{cfg.mode} tau={cfg.tau} B={block}: {res.tokens} tokens in {res.passes} passes, "
+                f"[{cfg.mode}{tree} tau={cfg.tau} B={block}: {res.tokens} tokens in {res.passes} passes, "
                 f"{res.tokens_per_pass:.2f} tokens/pass, {res.decode_seconds:.2f} s{origin}]",
                 file=sys.stderr,
             )
     return 0
+
+
+def tree_nodes_arg(value: str, model, mode: str) -> int:
+    """--tree-nodes: a number (DecodeConfig checks it), or 'auto': in verified mode the measured best on the
+    model's device (mars.core.tree.default_tree_nodes), in other modes 0."""
+    from mars.core.tree import default_tree_nodes
+
+    if str(value).strip().lower() == "auto":
+        return default_tree_nodes(next(model.parameters()).device.type) if mode == "verified" else 0
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"--tree-nodes must be a whole number or 'auto', got {value!r}") from None
 
 
 def cmd_train(args) -> int:

@@ -205,6 +205,31 @@ def test_verified_mode_strikes_rejected_drafts_and_writes_what_ar_writes(browser
     page.close()
 
 
+def test_verified_tree_inspector_shows_the_candidates_by_depth_and_the_path_that_won(browser, tiny_server):
+    """Issue 23 item 4: with tree nodes set, the pass inspector shows each depth's candidates and the winning
+    path; the coloured text stays one span per pass, and the text is still AR's."""
+    page = open_app(browser, tiny_server)
+    page.fill("#prompt textarea", "what is the capital of france ?")
+    set_number(page, "max-new-tokens", 24)
+    page.locator("#mode").get_by_text("Verified (lossless)").click()
+    page.wait_for_function("document.querySelector('#tau input[type=number]').value == '0'", timeout=10_000)
+    set_number(page, "tree-nodes", 8)
+    press_generate(page)
+    page.wait_for_selector('#stats [data-state="done"]', timeout=120_000)
+    passes = int(page.get_attribute("#stats .mars-stats-wrap", "data-passes"))
+    assert page.locator("#output .mars-group").count() == passes  # one span per pass
+    set_number(page, "inspect-pass", 1)  # pass 0 had no drafts yet
+    page.wait_for_selector("#inspect table.mars-tree", timeout=30_000)
+    tree = page.locator("#inspect table.mars-tree")
+    assert int(tree.get_attribute("data-nodes")) >= 2 and int(tree.get_attribute("data-depths")) >= 1
+    assert page.locator("#inspect table.mars-tree tr[data-depth]").count() == int(tree.get_attribute("data-depths"))
+    assert "path that won" in page.inner_text("#inspect .mars-tree-path")
+    verified = page.inner_text("#output .mars-text").replace("∎", "")
+    ar = page.inner_text("#output-ar .mars-text").replace("∎", "")
+    assert verified == ar and verified.strip()
+    page.close()
+
+
 def test_race_is_measured_from_both_runs_and_verified_mode_defaults_to_tau_0(browser, tiny_server):
     """Issue 15 item 2 in the page: the race's speed-up is the two runs' measured decode seconds per token (as
     in the trace download), and choosing the lossless mode moves tau to its best setting, 0 (send every draft)."""

@@ -203,3 +203,22 @@ def test_verified_rejected_drafts_are_struck_through_escaped_and_not_text(payloa
     assert 'class="mars-rejected"' in page and "<script>alert" not in page and "<img" not in page
     # MARS mode passes no rejected texts: its rejected proposals are not drafts that were checked
     assert "<s " not in viz.render_groups_html(records, None)
+
+
+@pytest.mark.parametrize("payload", XSS)
+def test_tree_view_marks_the_path_that_won_at_each_depth_and_escapes(payload):
+    r = rec(5, "a b", [10, 20, 7], [0.9, 0.8, 0.7])
+    r.tree_depths, r.tree_path, r.drafts_sent = [[11, 10, 12], [20, 21], [30]], [10, 20], 6
+    names = {10: "a", 11: payload, 12: "c", 20: "b", 21: "d", 30: "e", 7: "own"}
+    rows = viz.tree_rows(r, names.get)
+    assert [row["winner"] for row in rows] == ["a", "b", None]
+    assert [won for _, won in rows[0]["candidates"]] == [False, True, False]
+    html = viz.render_tree_html(rows, "own", r.drafts_sent)
+    tags = Tags(html)
+    assert [a.get("data-won") for t, a in tags.tags if t == "span" and a.get("data-won")] == ["1", "1"]
+    assert payload not in html and "<script>" not in html.replace(viz.esc(payload), "")
+    assert "'a' → 'b' → then the model's own 'own'" in "".join(tags.text)
+    assert "depth 3 no candidate under the accepted path" in viz.chain_stop_reason(r, 4, "verified")
+    r.tree_path = [10, 20, 30]
+    assert "deepest candidate" in viz.chain_stop_reason(r, 4, "verified")
+    assert 'data-depths="0"' in viz.render_tree_html([], "x", 0)

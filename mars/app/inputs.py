@@ -12,6 +12,7 @@ import os
 from mars.core.decoding import DEFAULT_CACHE_BLOCK, DecodeConfig, check_choice, check_context, check_int, encode_prompt
 
 MAX_BLOCK = 16  # the block-size slider's cap on this server, below the library's MAX_BLOCK_SIZE (CPU time)
+MAX_TREE_NODES_APP = 64  # the tree-nodes slider's cap on this server, below the library's MAX_TREE_NODES (CPU time)
 TOP_K = 5  # candidates kept per proposal, for the pass inspector
 MODE_LABELS = {"MARS (tau rule)": "mars", "Verified (lossless)": "verified"}  # the app's modes: UI label -> core
 APP_MODES = tuple(MODE_LABELS.values())
@@ -115,13 +116,15 @@ def encode_checked(lm, prompt: str, cfg: DecodeConfig) -> list[int]:
 
 def make_config(
     mode: str, tau, block_size, max_new_tokens, confidence: str = "prob", top_k: int = TOP_K,
-    cache_block=DEFAULT_CACHE_BLOCK, verify_groups: str = "last", backend: str | None = None,
+    cache_block=DEFAULT_CACHE_BLOCK, verify_groups: str = "last", backend: str | None = None, tree_nodes=0,
 ) -> DecodeConfig:
     """A DecodeConfig from UI or API values (ValueError with the core's message). DecodeConfig checks every
     setting; this server only caps two lower than the library, with the same checker.
     Verified mode runs at its best lossless setting: one mask group after all drafts (the fastest on a CPU),
     and each pass's drafts from the masks or copied from the text (n-gram lookup), whichever is expected to
-    be accepted more (mars.core.modes.prefer_lookup); the inspector says which. backend: `app_backend()` unless given."""
+    be accepted more (mars.core.modes.prefer_lookup); the inspector says which. backend: `app_backend()` unless
+    given. tree_nodes > 0 (verified only; other modes ignore the slider): a draft tree of that many nodes per
+    pass (mars.core.tree)."""
     return DecodeConfig(
         mode=mode,
         block_size=check_int("block size", block_size, 1, MAX_BLOCK),
@@ -133,6 +136,7 @@ def make_config(
         verify_groups=verify_groups,
         drafts="both" if mode == "verified" else "mars",
         backend=backend or app_backend(),
+        tree_nodes=check_int("tree nodes", tree_nodes, 0, MAX_TREE_NODES_APP) if mode == "verified" else 0,
     )
 
 
@@ -148,7 +152,7 @@ def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
     notes = []
     if cfg.mode != "ar" and lm.mask_token_id is None:
         notes.append("this model has no mask token, so it cannot draft: the run is plain AR, one token per pass")
-        return replace(cfg, mode="ar", block_size=1, drafts="mars"), notes
+        return replace(cfg, mode="ar", block_size=1, drafts="mars", tree_nodes=0), notes
     trained = lm.trained_block_size
     if cfg.mode != "ar" and trained and cfg.block_size > trained:
         notes.append(f"block size {cfg.block_size} is larger than the {trained} this model was trained with: "

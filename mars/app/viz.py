@@ -48,6 +48,7 @@ GROUPS_CSS = """
   vertical-align: top; font-family: ui-monospace, monospace; }
 .mars-bar { display: inline-block; height: 0.7em; background: #0072B2; margin-right: 4px; vertical-align: middle; }
 .mars-accepted { color: #0b6e4f; font-weight: bold; }
+.mars-tree td span { margin-right: 0.6em; }
 .mars-rejected { color: #b03a00; font-weight: bold; }
 s.mars-rejected { color: #6e7781; font-weight: normal; font-size: 0.9em; text-decoration: line-through;
   user-select: none; -webkit-user-select: none; margin: 0 0.1em; }
@@ -192,6 +193,37 @@ def render_inspector_html(rows: Sequence[dict], reason: str, header: str = "") -
     return "".join(out)
 
 
+def tree_rows(rec, decode: Callable[[int], str]) -> list[dict]:
+    """A tree pass's candidates, one row per depth: {depth, candidates: [(text, won)], winner}; `won` marks
+    the accepted path's draft at that depth (None past the path's end), then the model's own next token."""
+    path = rec.tree_path or []
+    out = []
+    for d, cands in enumerate(rec.tree_depths or []):
+        win = path[d] if d < len(path) else None
+        out.append({"depth": d + 1, "candidates": [(decode(t), t == win) for t in cands],
+                    "winner": decode(win) if win is not None else None})
+    return out
+
+
+def render_tree_html(rows: Sequence[dict], own: str | None, checked: int) -> str:
+    """The draft tree of one pass: the candidates checked at each depth (likeliest first), the accepted
+    path's one in bold green, and the model's own token that the pass added after the path."""
+    if not rows:
+        return ('<div class="mars-tree mars-note" data-depths="0">draft tree: no candidates this pass (the first '
+                "pass, or none reached tau): the model's own next token only</div>")
+    out = [f'<table class="mars-inspect mars-tree" data-depths="{len(rows)}" data-nodes="{checked}">'
+           f"<tr><th>depth</th><th>candidates checked ({checked} nodes in all), the accepted path's in bold</th></tr>"]
+    for r in rows:
+        cells = " ".join(f'<span class="mars-accepted" data-won="1">{esc(token_label(t))}</span>' if won
+                         else f"<span>{esc(token_label(t))}</span>" for t, won in r["candidates"])
+        out.append(f'<tr data-depth="{r["depth"]}"><td>{r["depth"]}</td><td>{cells}</td></tr>')
+    path = [r["winner"] for r in rows if r["winner"] is not None]
+    won = " → ".join(esc(token_label(t)) for t in path) or "(no draft)"
+    tail = f" → then the model's own {esc(token_label(own))}" if own is not None else ""
+    out.append(f'</table><div class="mars-note mars-tree-path">path that won: {won}{tail}</div>')
+    return "".join(out)
+
+
 def chain_stop_reason(rec, proposals: int, mode: str = "mars") -> str:
     """Why pass `rec` accepted no more tokens than it did."""
     n = len(rec.token_ids)
@@ -201,6 +233,12 @@ def chain_stop_reason(rec, proposals: int, mode: str = "mars") -> str:
         return "max new tokens reached"
     if rec.finish_reason == "stop":
         return "a stop string was completed"
+    if mode == "verified" and getattr(rec, "tree_depths", None) and rec.drafts_sent:
+        d = len(rec.tree_path or []) + 1
+        if d > len(rec.tree_depths):
+            return f"the path reached the tree's deepest candidate ({d - 1}), plus the model's own next token"
+        return (f"at depth {d} no candidate under the accepted path is the model's own choice: the model's token "
+                "takes its place")
     if mode == "verified":
         if rec.drafts_sent == 0:
             return "no drafts to check (none reached tau, or the first pass): the model's own next token only"

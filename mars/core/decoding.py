@@ -51,7 +51,7 @@ import torch
 from mars.core.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.core.backends import BACKENDS
 from mars.core.cache import BlockCache
-from mars.core.masks import window_mask
+from mars.core.masks import tree_depths, window_mask
 from mars.core.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
 from mars.core.records import PassRecord, RunRecord
 
@@ -63,6 +63,7 @@ DEFAULT_CACHE_BLOCK = 32  # the paper's Bcache at batch 4 and 8; not the authors
 MAX_CACHE_BLOCK = 4096
 MAX_NEW_TOKENS = 100_000
 MAX_TOP_K = 100
+MAX_TREE_NODES = 256  # draft tokens per pass in a tree (each may bring a mask group: the input grows fast)
 
 
 @dataclass
@@ -84,6 +85,8 @@ class DecodeConfig:
     top_k: int = 0  # keep the top-k candidates of every proposal in the records (the app's inspector)
     verify_groups: str = "all"  # verified mode: "all" = a mask group per acceptance outcome, "last" = one
     drafts: str = "mars"  # verified mode: drafts from the masks, n-gram "lookup" in the text, or "both" (mars.core.modes)
+    # verified mode: check a tree of up to this many draft tokens per pass (mars.core.tree); 0 = one chain
+    tree_nodes: int = 0
     # what runs the model (mars/core/backends.py): "auto" = "fast" (mars/core/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
@@ -109,6 +112,9 @@ class DecodeConfig:
         self.top_k = check_int("top k", self.top_k, 0, MAX_TOP_K)
         self.verify_groups = check_choice("verify groups", self.verify_groups, VERIFY_GROUPS)
         self.drafts = check_choice("drafts", self.drafts, DRAFT_SOURCES)
+        self.tree_nodes = check_int("tree nodes", 0 if self.tree_nodes is None else self.tree_nodes, 0, MAX_TREE_NODES)
+        if self.tree_nodes and self.mode != "verified":
+            raise ValueError("tree nodes need mode 'verified' (the AR check that picks the path)")
         if self.drafts != "mars" and self.mode != "verified":
             raise ValueError(f"drafts {self.drafts!r} needs mode 'verified' (the AR check that keeps copies exact)")
         self.backend = check_choice("backend", self.backend, BACKENDS)
@@ -317,6 +323,8 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
         candidates=cands,
         drafts_sent=len(plan.to_verify),
         draft_source=plan.source,
+        tree_depths=res.tree_depths,
+        tree_path=res.tree_path,
     )
 
 
@@ -336,27 +344,33 @@ class _RowWindow:
 def _window(row: _Row, plan: RowPlan | None, start: int, mask_id: int | None) -> _RowWindow:
     """One row's part of the forward input, from column `start` (the committed columns' end).
 
-    [left padding | uncached real tokens, columns [start, F) | the plan's extras at F, F+1, ... | mask
-    groups]: mask group (j, n) holds n masks at the positions right after extra j. Who sees whom is
+    [left padding | uncached real tokens, columns [start, F) | the plan's extras | mask groups]: the extras
+    are a chain at F, F+1, ... or a tree (plan.parents), each at the position of its depth after the last
+    real token; mask group (j, n) holds n masks at the positions right after extra j-1. Who sees whom is
     `masks.window_mask`.
     """
     F = row.frontier
     lo = max(start, row.pad)
     extra = plan.to_verify if plan else []
     groups = plan.groups if plan else []
+    parents = plan.parents if plan else None
     n_pad, n_real = lo - start, F - lo
     if plan and n_pad + n_real < 1:
         raise RuntimeError(f"row {row.index}: no uncached token to feed (frontier {F}, cache {start})")
     tokens = [0] * n_pad + row.tokens[lo - row.pad:] + list(extra)
-    positions = [max(0, c - row.pad) for c in range(start, start + len(tokens))]
+    positions = [max(0, c - row.pad) for c in range(start, F)]
+    depth = tree_depths(parents, len(extra))
+    positions += [F - row.pad + d - 1 for d in depth]
     group_reads = []
     for j, n in groups:
         group_reads.append(list(range(len(tokens), len(tokens) + n)))
         tokens += [mask_id] * n
-        positions += [F - row.pad + j + o for o in range(n)]
+        after = depth[j - 1] if j else 0  # the depth of the extra the group follows
+        positions += [F - row.pad + after + o for o in range(n)]
     last_real = n_pad + n_real - 1
     main_reads = list(range(last_real, last_real + 1 + len(extra))) if plan else []
-    return _RowWindow(tokens, positions, window_mask(n_pad, n_real, len(extra), groups), main_reads, group_reads)
+    return _RowWindow(tokens, positions, window_mask(n_pad, n_real, len(extra), groups, parents), main_reads,
+                      group_reads)
 
 
 def _stack_windows(windows: list[_RowWindow], pad_id: int):

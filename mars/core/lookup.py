@@ -29,6 +29,9 @@ MAX_NGRAM = 3  # longest suffix searched for: 3-token matches are already right 
 COPY_PER_MATCHED = 2  # a match of n tokens copies up to 2n (see above)
 # mean accepted copies per pass by match length, with 2n copies (the sums of the shares above)
 EXPECTED_ACCEPTED = {1: 0.25, 2: 1.21, 3: 1.76}
+# the shares themselves: the chance that copy k is accepted, by match length (tree drafts weigh copies by it)
+ACCEPTED_SHARE = {1: (.16, .09, .06, .04, .03, .02), 2: (.54, .31, .23, .14, .06, .04),
+                  3: (.60, .43, .25, .21, .16, .11)}
 
 
 @dataclass

@@ -9,7 +9,8 @@ the key (column).
                noisy -> clean : block(k) <  block(q)         (strictly earlier clean blocks)
                clean -> noisy : never
   inference  `window_mask`: one row's part of a decoding pass (its uncached real tokens, drafts fed as
-             real tokens, groups of masks); `pass_mask`: the rows' windows behind their cached columns.
+             real tokens, as a chain or a tree, groups of masks); `pass_mask`: the rows' windows behind
+             their cached columns.
   additive   `additive_mask`: a boolean mask as the float mask attention adds to its scores.
 """
 
@@ -18,30 +19,67 @@ from __future__ import annotations
 import torch
 
 
-def window_mask(n_pad: int, n_real: int, n_extra: int, groups: list[tuple[int, int]]) -> torch.Tensor:
+def window_mask(n_pad: int, n_real: int, n_extra: int, groups: list[tuple[int, int]],
+                parents: list[int] | None = None) -> torch.Tensor:
     """(n, n) bool mask of one row's window, laid out as
         [n_pad padding | n_real real tokens | n_extra extras | group 0's masks | group 1's masks | ...]
     with n = n_pad + n_real + n_extra + the groups' sizes.
 
-    Main chain (padding, real tokens, extras): causal, as an ordinary sequence; padding is never a key.
-    Mask group (j, m): m masks placed right after extra j; each sees the real tokens, the first j extras
-    and the group's earlier masks (causal inside the group, as in training), nothing else.
+    Padding and real tokens: causal, as an ordinary sequence; padding is never a key.
+    Extras form a tree over the last real token (the root): parents[i] is extra i's parent (-1: the root;
+    a parent comes before its children). Extra i sees the real tokens, its ancestors and itself, so every
+    branch reads as its own sequence (tree attention, as Medusa and EAGLE-2 verify drafts). parents None:
+    a chain [-1, 0, 1, ...], each extra after the previous one (plain causal).
+    Mask group (j, m): m masks placed right after extra j-1 (j = 0: right after the real tokens); each sees
+    the real tokens, extra j-1 and its ancestors (for a chain: the first j extras) and the group's earlier
+    masks (causal inside the group, as in training), nothing else.
     A padding query sees nothing here; `pass_mask` lets it see itself.
     """
-    n_main = n_pad + n_real + n_extra
+    seen_by = _ancestors(n_extra, parents)  # (n_extra, n_extra): extra i sees extra k
+    n_head = n_pad + n_real
+    n_main = n_head + n_extra
     size = n_main + sum(m for _, m in groups)
     idx = torch.arange(size)
-    is_main = idx < n_main
-    is_key = is_main & (idx >= n_pad)
-    allowed = (idx[None, :] <= idx[:, None]) & is_main[:, None] & is_key[None, :]
+    is_key = (idx >= n_pad) & (idx < n_head)
+    allowed = torch.zeros(size, size, dtype=torch.bool)
+    allowed[:n_head, :n_head] = (idx[None, :n_head] <= idx[:n_head, None]) & is_key[None, :n_head]
+    allowed[n_head:n_main, :n_head] = is_key[None, :n_head]
+    allowed[n_head:n_main, n_head:n_main] = seen_by
     first = n_main
     for j, m in groups:
+        if not 0 <= j <= n_extra:
+            raise ValueError(f"mask group after extra {j - 1}: there are {n_extra} extras")
         g = torch.arange(first, first + m)
-        seen = n_pad + n_real + j  # window columns before extra j
-        allowed[g[:, None], torch.arange(seen)[None, :]] = is_key[:seen][None, :]
+        allowed[g[:, None], idx[None, :n_head]] = is_key[None, :n_head]
+        if j:
+            allowed[first:first + m, n_head:n_main] = seen_by[j - 1][None, :]
         allowed[g[:, None], g[None, :]] = g[None, :] <= g[:, None]
         first += m
     return allowed
+
+
+def _ancestors(n: int, parents: list[int] | None) -> torch.Tensor:
+    """(n, n) bool: [i, k] = extra k is extra i or one of its ancestors."""
+    if parents is None:
+        return torch.ones(n, n, dtype=torch.bool).tril()
+    if len(parents) != n or any(not -1 <= p < i for i, p in enumerate(parents)):
+        raise ValueError(f"parents must give each of the {n} extras an earlier extra or -1 (the root), got {parents}")
+    out = torch.eye(n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            out[i] |= out[p]
+    return out
+
+
+def tree_depths(parents: list[int] | None, n: int) -> list[int]:
+    """Depth of each of n extras (1: a child of the root, the column right after the last real token);
+    parents None: a chain, 1, 2, ..., n. An extra's position id is the last real token's plus its depth."""
+    if parents is None:
+        return list(range(1, n + 1))
+    depth: list[int] = []
+    for p in parents:
+        depth.append(1 if p < 0 else depth[p] + 1)
+    return depth
 
 
 def pass_mask(cached_keys: torch.Tensor, local: torch.Tensor) -> torch.Tensor:

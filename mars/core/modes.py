@@ -38,6 +38,9 @@ class RowPlan:
     groups: list[tuple[int, int]] = field(default_factory=list)  # (j, n): n masks that see the first j extras
     source: str | None = None  # where to_verify came from: "mars", "lookup" (verified), None (no drafts)
     to_verify_conf: list[float] | None = None  # the drafts' own confidences, where their source has them
+    # to_verify as a tree (mars.core.tree): each draft's parent, -1 = the row's last real token; None = a chain.
+    # Group (j, n) then sits after draft j-1 and sees its ancestors (masks.window_mask)
+    parents: list[int] | None = None
 
 
 @dataclass
@@ -48,6 +51,8 @@ class Outcome:
     rejected_confidences: list[float]
     n_verified: int = 0  # leading to_verify tokens that were accepted: their KV (computed as real inputs) is valid
     proposal_logits: torch.Tensor | None = None  # (n, V): the logits behind the record's candidates
+    tree_depths: list[list[int]] | None = None  # tree drafts: the candidates checked at each depth
+    tree_path: list[int] | None = None  # tree drafts: the accepted path's draft at each depth
 
 
 class ARMode:
@@ -183,6 +188,10 @@ def make_mode(cfg, lm=None):
     temps = ((getattr(lm, "calibration", None) or {}).get("temperatures")) or None
     if cfg.mode == "mars":
         return MarsMode(temps)
+    if cfg.mode == "verified" and cfg.tree_nodes:
+        from mars.core.tree import TreeMode  # imports this module
+
+        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts)
     if cfg.mode == "verified":
         return VerifiedMode(cfg.verify_groups, temps, cfg.drafts)
     return MODES[cfg.mode]()

@@ -46,12 +46,17 @@ class PassRecord:
     rejected_texts: list[str] | None = None
     drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
     draft_source: str | None = None  # verified: where the drafts sent came from, "mars" or "lookup"
+    # verified with tree drafts (mars.core.tree): the distinct candidates checked at each depth, likeliest
+    # first, and the accepted path's draft at each depth (the pass then adds the model's own next token)
+    tree_depths: list[list[int]] | None = None
+    tree_path: list[int] | None = None
 
     def to_dict(self) -> dict:
         """For a run's JSON: the row is the run's own, empty candidates (top_k = 0) and texts never filled
         say nothing."""
         return {k: v for k, v in asdict(self).items()
-                if k != "row" and (k != "candidates" or v) and not (k.endswith("_texts") and v is None)}
+                if k != "row" and (k != "candidates" or v) and not (k.endswith("_texts") and v is None)
+                and not (k.startswith("tree_") and v is None)}
 
 
 @dataclass

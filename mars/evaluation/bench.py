@@ -13,6 +13,9 @@ Methods, all on the same prompts and model:
   verified_lookup the same lossless check on drafts copied by n-gram lookup (prompt lookup on this core)
   verified_both   drafts from the masks or from lookup, whichever is expected to be accepted more
          (mars.core.modes.prefer_lookup); one mask group after the drafts, as verified_last
+  verified_tree   the same lossless check on a tree of drafts (mars.core.tree): mask candidates and lookup
+         copies, N nodes a pass for each N of `tree_nodes` (a run named verified_tree:N), a mask group on every
+         node; verified_tree_last: groups only on the few nodes likeliest to end the path (narrower passes)
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
 Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
 (`run_bench` returns them); the table and the JSON file are written by `main`.
@@ -30,10 +33,12 @@ from pathlib import Path
 from mars.core.decoding import DEFAULT_CACHE_BLOCK
 from mars.core.records import RunTotals
 
-METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both", "jacobi")
+METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both",
+           "verified_tree", "verified_tree_last", "jacobi")
 # the core's verified variants: method -> (verify_groups, drafts)
 VERIFIED = {"verified": ("all", "mars"), "verified_last": ("last", "mars"), "verified_lookup": ("last", "lookup"),
-            "verified_both": ("last", "both")}
+            "verified_both": ("last", "both"), "verified_tree": ("all", "both"), "verified_tree_last": ("last", "both")}
+TREES = ("verified_tree", "verified_tree_last")  # run once per node budget, as "<method>:<N>"
 
 
 @dataclass
@@ -48,11 +53,15 @@ class BenchConfig:
     lookup_tokens: int = 10  # prompt_lookup_num_tokens for the lookup method
     verify_tau: float = 0.0  # verified mode: drafts below this confidence are not sent (0 = send all)
     backend: str = "auto"  # runs the core's methods (DecodeConfig.backend); hf and lookup are transformers
+    tree_nodes: tuple[int, ...] = (16,)  # verified_tree: draft nodes per pass, one run per value
 
     def __post_init__(self):
+        from mars.core.decoding import MAX_TREE_NODES, check_int
+
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(f"unknown methods {bad}; choose from {METHODS}")
+        self.tree_nodes = tuple(check_int("tree nodes", n, 1, MAX_TREE_NODES) for n in self.tree_nodes)
         if not self.prompts:
             raise ValueError("no prompts to benchmark")
 
@@ -163,10 +172,11 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
 def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
     from mars.core.decoding import DecodeConfig, generate_ids
 
+    mode, _, nodes = mode.partition(":")  # "verified_tree:16": a tree of 16 nodes
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))
     cfg = DecodeConfig(mode="verified" if mode in VERIFIED else mode, tau=1.0 if tau is None else tau,
                        block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
-                       verify_groups=groups, drafts=drafts)
+                       verify_groups=groups, drafts=drafts, tree_nodes=int(nodes or 0))
     runs = generate_ids(lm, batch, cfg)
     return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
@@ -177,6 +187,8 @@ def _plan(cfg: BenchConfig):
     for m in cfg.methods:
         if m == "mars":
             plan += [("mars", t) for t in cfg.taus]
+        elif m in TREES:
+            plan += [(f"{m}:{n}", cfg.verify_tau) for n in cfg.tree_nodes]
         elif m in VERIFIED:
             plan.append((m, cfg.verify_tau))
         elif m != "ar":
@@ -267,13 +279,13 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
 
 
 def format_table(runs: list[Run]) -> str:
-    head = f"{'method':<14}{'tau':>6}{'batch':>6}{'tokens':>8}{'passes':>7}{'tok/pass':>9}{'wall s':>9}{'tok/s':>8}" \
+    head = f"{'method':<22}{'tau':>6}{'batch':>6}{'tokens':>8}{'passes':>7}{'tok/pass':>9}{'wall s':>9}{'tok/s':>8}" \
            f"{'vs ar':>7}{'exact':>7}{'prefix':>8}{'nll':>7}{'in/pass':>8}"
     lines = [head, "-" * len(head)]
     for r in runs:
         f = lambda v, fmt: (fmt % v) if v is not None else "-"  # noqa: E731
         lines.append(
-            f"{r.method:<14}{f(r.tau, '%.2f'):>6}{r.batch_size:>6}{r.new_tokens:>8}{r.passes:>7}"
+            f"{r.method:<22}{f(r.tau, '%.2f'):>6}{r.batch_size:>6}{r.new_tokens:>8}{r.passes:>7}"
             f"{r.tokens_per_pass:>9.2f}{r.wall_s:>9.2f}{r.tokens_per_s:>8.1f}{f(r.speedup_vs_ar, '%.2fx'):>7}"
             f"{f(r.exact_match_with_ar, '%.2f'):>7}{f(r.prefix_match_with_ar, '%.2f'):>8}{f(r.mean_nll_under_ar, '%.3f'):>7}"
             f"{f(r.input_per_pass, '%.1f'):>8}"

@@ -1,0 +1,269 @@
+"""Lossless tree drafts: the verified mode checking several candidate continuations in one pass.
+
+The chain verified mode (mars.core.modes.VerifiedMode) feeds the previous pass's top-1 mask drafts and
+accepts the prefix the model's own AR choices confirm. Here the pass feeds a tree of drafts instead, as
+Medusa and EAGLE-2 do, with the mask positions as the draft heads (no extra parameter):
+
+  grow_tree   from the previous pass's mask distributions (top-k per depth) and the n-gram lookup's
+              copies (a branch of their own), the N nodes most likely to lie on the accepted path, grown
+              best-first by the product of the path's draft probabilities (EAGLE-2's rule). Mask positions
+              see only masks, so the candidates at depth d are the same under every parent: a product tree
+              (Medusa-style), not EAGLE-2's conditioned one.
+  layout      depth-first, each node's likeliest child right after it: the top-1 chain comes first, so
+              when the accepted path is that chain (the common case) its KV is committed as today; a path
+              off it is re-fed as real tokens next pass (exact; the cache keeps a contiguous prefix only).
+  attention   each node sees the cache, the row's real tokens, its ancestors and itself
+              (masks.window_mask with parents); position ids by depth.
+  walk        from the root (the last real token), follow the child equal to the model's own greedy token
+              while there is one: those drafts, plus the model's token after the last of them, are accepted.
+              Every accepted token is the model's greedy choice after the accepted text: AR's text exactly.
+  groups      a mask group after a node proposes the next pass's drafts if the path ends there; groups sit
+              on every node (verify_groups "all") or on the few nodes likeliest to end the path ("last",
+              `LAST_GROUPS`). A path that ends elsewhere takes its drafts from its nearest ancestor's group,
+              whose later masks still point at the right positions (farther ahead: weaker drafts).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import torch
+
+from mars.core.acceptance import calibrate_logits, choose_and_score
+from mars.core.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
+from mars.core.masks import tree_depths
+from mars.core.modes import Outcome, RowPlan
+
+# The node budget N by device. NOT yet set from a clock measurement (the machine was shared when this was
+# written; docs/tree.md gives the commands): on a CPU every input costs time, so the clock's best N is small;
+# on a GPU a wider pass costs almost nothing, so more nodes only add accepted tokens (N=32: ~2.0 tokens/pass)
+DEFAULT_TREE_NODES = {"cpu": 8, "cuda": 32}
+MAX_BRANCH = 16  # candidates kept per depth between passes: top-8 already holds 84% of depth 1 (FINDINGS)
+LAST_GROUPS = 3  # verify_groups "last": mask groups on the nodes likeliest to end the path (root included)
+
+
+def default_tree_nodes(device_type: str) -> int:
+    """The node budget for a model on this kind of device (`torch.device.type`); unknown kinds get the CPU's."""
+    return DEFAULT_TREE_NODES.get(device_type, DEFAULT_TREE_NODES["cpu"])
+
+
+@dataclass
+class DraftTree:
+    """Draft tokens as a tree over the row's last real token (the root), in depth-first order."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # -1: the root
+    values: list[float] = field(default_factory=list)  # estimated chance the node lies on the accepted path
+    probs: list[float] = field(default_factory=list)  # the node's own draft probability (a copy's: its share)
+    copied: list[bool] = field(default_factory=list)  # from n-gram lookup (else from a mask position)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depths(self) -> list[int]:
+        return tree_depths(self.parents, len(self))
+
+    def children(self) -> dict[tuple[int, int], int]:
+        """(parent, token) -> node."""
+        return {(p, t): i for i, (p, t) in enumerate(zip(self.parents, self.tokens))}
+
+    def candidates_by_depth(self) -> list[list[int]]:
+        """The distinct tokens at each depth, likeliest first."""
+        out: list[dict[int, float]] = []
+        for d, t, v in zip(self.depths, self.tokens, self.values):
+            while len(out) < d:
+                out.append({})
+            out[d - 1][t] = max(v, out[d - 1].get(t, 0.0))
+        return [sorted(c, key=lambda t: -c[t]) for c in out]
+
+
+Dists = list[tuple[list[int], list[float]]]  # per depth: (top tokens, their probabilities), likeliest first
+
+
+def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, copy_share=()) -> DraftTree:
+    """The `budget` nodes with the highest path values, best first.
+
+    dists[d-1]: the candidates for depth d (a mask position's top tokens); a mask node's value is its
+    parent's times its probability, and only candidates with probability >= tau enter (tau >= 1: none).
+    copies: a lookup chain under the root; copy k's value is copy_share[k] (the measured chance that it is
+    accepted). A token proposed by both sources is one node, with the larger value. Children are pushed when
+    their parent enters, so the tree is closed under ancestors whatever the values.
+    """
+    tree = DraftTree()
+    at: dict[tuple[int, int], int] = {}
+    heap: list[tuple[float, int, int, int, float, int]] = []  # (-value, seq, parent, token, prob, copy index)
+    seq = 0
+
+    def push_masks(parent: int, depth: int, value: float):
+        nonlocal seq
+        if depth <= len(dists) and tau < 1.0:
+            for t, p in zip(*dists[depth - 1]):
+                if p < tau:
+                    break
+                heapq.heappush(heap, (-value * p, seq, parent, t, p, -1))
+                seq += 1
+
+    def push_copy(parent: int, k: int):
+        nonlocal seq
+        if k < len(copies):
+            share = copy_share[k] if k < len(copy_share) else 0.0
+            heapq.heappush(heap, (-share, seq, parent, copies[k], share, k))
+            seq += 1
+
+    push_masks(-1, 1, 1.0)
+    push_copy(-1, 0)
+    while heap and len(tree) < budget:
+        neg, _, parent, t, p, k = heapq.heappop(heap)
+        if (parent, t) in at:  # both sources proposed it: the copy chain continues under the one node
+            node = at[(parent, t)]
+            if k >= 0 and not tree.copied[node]:
+                tree.copied[node] = True
+                push_copy(node, k + 1)
+            continue
+        node = len(tree)
+        at[(parent, t)] = node
+        tree.tokens.append(t), tree.parents.append(parent), tree.values.append(-neg)
+        tree.probs.append(p), tree.copied.append(k >= 0)
+        push_masks(node, (1 if parent < 0 else _depth(tree, parent) + 1) + 1, -neg)
+        if k >= 0:
+            push_copy(node, k + 1)
+    return depth_first(tree)
+
+
+def _depth(tree: DraftTree, node: int) -> int:
+    d = 1
+    while tree.parents[node] >= 0:
+        node, d = tree.parents[node], d + 1
+    return d
+
+
+def depth_first(tree: DraftTree) -> DraftTree:
+    """The same tree in depth-first order, each node's children likeliest first: node i+1 is node i's
+    likeliest child wherever node i has children, so the top-1 chain is nodes 0, 1, 2, ..."""
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        kids.setdefault(p, []).append(i)
+    order: list[int] = []
+    stack = sorted(kids.get(-1, []), key=lambda i: tree.values[i])  # the likeliest popped first
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack += sorted(kids.get(i, []), key=lambda c: tree.values[c])
+    new = {old: k for k, old in enumerate(order)}
+    return DraftTree([tree.tokens[i] for i in order], [new.get(tree.parents[i], -1) for i in order],
+                     [tree.values[i] for i in order], [tree.probs[i] for i in order],
+                     [tree.copied[i] for i in order])
+
+
+def group_anchors(tree: DraftTree, groups: int | None) -> list[int]:
+    """The nodes (-1: the root) that get a mask group: all of them (groups None), or the `groups` likeliest
+    to end the accepted path, by value minus the children's values (root value 1)."""
+    if groups is None:
+        return list(range(-1, len(tree)))
+    end = {-1: 1.0, **dict(enumerate(tree.values))}
+    for i, p in enumerate(tree.parents):
+        end[p] -= tree.values[i]
+    best = sorted(end, key=lambda i: -end[i])[:groups]
+    return sorted(best)
+
+
+def walk(tree: DraftTree, ar_tokens: list[int]) -> list[int]:
+    """The accepted path: nodes whose token is the model's greedy choice after their parent.
+    ar_tokens[0] follows the root, ar_tokens[i + 1] follows node i."""
+    kids = tree.children()
+    path, node = [], -1
+    while (node, ar_tokens[node + 1]) in kids:
+        node = kids[(node, ar_tokens[node + 1])]
+        path.append(node)
+    return path
+
+
+def top_candidates(logits: torch.Tensor, k: int, temperatures=None) -> Dists:
+    """(n, V) mask logits -> per mask: its top-k tokens and their (calibrated) probabilities; one copy to
+    the host, so the logits may live on any device."""
+    logp = torch.log_softmax(calibrate_logits(logits, temperatures, ar_rows=0).float(), dim=-1)
+    val, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
+    both = torch.stack([val.exp(), idx.to(val.dtype)]).tolist()  # (2, n, k)
+    return [([int(t) for t in ts], ps) for ps, ts in zip(*both)]
+
+
+class TreeMode:
+    """The verified mode with a draft tree per pass (DecodeConfig.tree_nodes > 0)."""
+
+    name = "verified"
+
+    def __init__(self, nodes: int, groups: str = "last", temperatures=None, drafts: str = "mars"):
+        self.nodes = nodes  # the node budget N
+        self.groups = None if groups == "all" else LAST_GROUPS  # see the module docstring
+        self.temperatures = temperatures
+        self.drafts = drafts  # "mars": mask candidates; "lookup": copies only; "both": both, as branches
+        self.dists: dict[int, Dists] = {}  # row index -> next pass's candidates per depth
+        self.trees: dict[int, DraftTree] = {}  # row index -> the tree its plan sent, until its accept
+
+    def plan(self, row, cfg, tau) -> RowPlan:
+        n = cfg.block_size - 1
+        dists = self.dists.get(row.index, []) if self.drafts != "lookup" else []
+        cap = cfg.max_tokens_per_pass - 1 if cfg.max_tokens_per_pass is not None else None
+        if cap is not None:
+            dists = dists[:cap]
+        copies, share = [], ()
+        if self.drafts != "mars":
+            look = lookup_drafts(row.tokens, max_drafts=cap)
+            copies, share = look.drafts, ACCEPTED_SHARE.get(look.ngram, ACCEPTED_SHARE[MAX_NGRAM])
+        tree = grow_tree(dists, copies, self.nodes, tau, share)
+        if cap is not None:  # a copy chain can run deeper than the cap: keep the nodes within it
+            tree = _prune(tree, cap)
+        sources = {"lookup" if c else "mars" for c in tree.copied}
+        source = "+".join(sorted(sources, reverse=True)) or None  # "mars", "lookup", "mars+lookup"
+        groups = [] if n < 1 or self.drafts == "lookup" else [(a + 1, n) for a in group_anchors(tree, self.groups)]
+        self.trees[row.index] = tree
+        return RowPlan(to_verify=tree.tokens, groups=groups, source=source, to_verify_conf=tree.probs,
+                       parents=tree.parents)
+
+    def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
+        tree = self.trees.pop(row.index)
+        ar_tok, ar_conf = choose_and_score(main, "prob")  # greedy: the model's own choice after each input
+        ar_tok, ar_conf = ar_tok.tolist(), ar_conf.tolist()
+        path = walk(tree, ar_tok)
+        end = path[-1] if path else -1
+        rows = [0] + [i + 1 for i in path]  # main's rows before each accepted token
+        m = 0  # the accepted path's head on the top-1 chain (nodes 0, 1, ...): already in the cache's order
+        while m < len(path) and path[m] == m:
+            m += 1
+        # the drafts shown as rejected: the likeliest continuation below the path's end (its first child's chain)
+        rejected = []
+        j = end + 1
+        while j < len(tree) and tree.parents[j] == (end if not rejected else j - 1):
+            rejected.append(j)
+            j += 1
+        depth_cands = tree.candidates_by_depth()
+        out = Outcome([tree.tokens[i] for i in path] + [ar_tok[end + 1]], [ar_conf[r] for r in rows],
+                      [tree.tokens[i] for i in rejected], [tree.probs[i] for i in rejected], n_verified=m,
+                      proposal_logits=main[rows], tree_depths=depth_cands, tree_path=[tree.tokens[i] for i in path])
+        self.dists[row.index] = self._next_dists(tree, plan, end, groups)
+        return out
+
+    def _next_dists(self, tree: DraftTree, plan: RowPlan, end: int, groups: list[torch.Tensor]) -> Dists:
+        """The next pass's candidates: the group after the path's end, or its nearest ancestor's later masks."""
+        anchors = [j - 1 for j, _ in plan.groups]
+        depth = tree.depths
+        node, skip = end, 0
+        while node not in anchors and node >= 0:
+            node, skip = tree.parents[node], skip + 1
+        if node not in anchors:
+            return []
+        g = groups[anchors.index(node)][skip:]
+        if g.shape[0] == 0:
+            return []
+        temps = self.temperatures[skip:] if self.temperatures else None  # mask index = skip + row of g
+        assert node < 0 or depth[end] - depth[node] == skip
+        return top_candidates(g, min(self.nodes, MAX_BRANCH), temps)
+
+
+def _prune(tree: DraftTree, max_depth: int) -> DraftTree:
+    keep = [i for i, d in enumerate(tree.depths) if d <= max_depth]  # depth-first order keeps parents first
+    new = {old: k for k, old in enumerate(keep)}
+    return DraftTree([tree.tokens[i] for i in keep], [new.get(tree.parents[i], -1) for i in keep],
+                     [tree.values[i] for i in keep], [tree.probs[i] for i in keep], [tree.copied[i] for i in keep])
