@@ -147,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     b.add_argument("--backend", default="auto", choices=list(BACKENDS),
                    help="what runs the model for the core's methods (ar, mars, verified, jacobi)")
+    b.add_argument("--also-backends", nargs="+", default=[], choices=list(BACKENDS),
+                   help="run the core's methods on these backends too (as method@backend), against the same AR")
     b.add_argument("--tree-nodes", type=int, nargs="+", default=[16],
                    help="verified_tree / verified_tree_last: draft nodes per pass, one run per value")
     b.add_argument("--out", default=None, help="write the results as JSON here")
@@ -291,7 +293,7 @@ def cmd_bench(args) -> int:
     cfg = BenchConfig(prompts=prompts, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                       taus=tuple(args.taus), batch_sizes=tuple(args.batch_sizes), block_size=args.block_size,
                       cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend,
-                      tree_nodes=tuple(args.tree_nodes))
+                      tree_nodes=tuple(args.tree_nodes), also_backends=tuple(args.also_backends))
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     bar = tqdm(desc="bench", unit="batch")
     status: dict = {}

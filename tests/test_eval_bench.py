@@ -81,6 +81,20 @@ def test_bench_runs_all_methods_side_by_side(tiny_lm, tmp_path):
     assert "mars" in format_table(runs)
 
 
+def test_bench_also_backends_run_each_core_method_on_each_backend(tiny_lm):
+    """int8 beside float32 in one run: every core method again as method@backend, against the one AR."""
+    cfg = BenchConfig(["what is the capital of france ?", "add 2 + 3"], methods=("hf", "ar", "mars"), taus=(1.0,),
+                      max_new_tokens=8, backend="fast", also_backends=("hf", "fast-int8"))
+    runs = {r.method: r for r in run_bench(tiny_lm, cfg)}
+    assert set(runs) == {"ar", "hf", "mars", "ar@hf", "mars@hf", "ar@fast-int8", "mars@fast-int8"}
+    # the transformers backend is the same float model: same greedy text; int8 is its own model, its AR and its
+    # tau 1.0 agree with each other whatever they do against float32
+    assert runs["ar@hf"].exact_match_with_ar == runs["mars@hf"].exact_match_with_ar == 1.0
+    assert runs["ar@fast-int8"].outputs == runs["mars@fast-int8"].outputs
+    with pytest.raises(ValueError, match="unknown backends"):
+        BenchConfig(["x"], also_backends=("fast-int4",))
+
+
 def test_bench_interrupted_keeps_whole_batches(tiny_lm):
     """Ctrl-C mid-run: the batches every method finished are counted, side by side, and the status says so."""
     cfg = BenchConfig(["tell me a word", "add 2 + 3", "name a colour"], methods=("ar", "mars"), taus=(0.5,),

@@ -17,6 +17,8 @@ Methods, all on the same prompts and model:
          copies, N nodes a pass for each N of `tree_nodes` (a run named verified_tree:N), a mask group on every
          node; verified_tree_last: groups only on the few nodes likeliest to end the path (narrower passes)
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
+`also_backends` runs the core's methods again on other backends (`ar@fast-int8`, ...), interleaved, all
+against the one AR baseline on `backend`: their speed and their text's agreement with it in one table.
 Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
 (`run_bench` returns them); the table and the JSON file are written by `main`.
 """
@@ -54,13 +56,21 @@ class BenchConfig:
     verify_tau: float = 0.0  # verified mode: drafts below this confidence are not sent (0 = send all)
     backend: str = "auto"  # runs the core's methods (DecodeConfig.backend); hf and lookup are transformers
     tree_nodes: tuple[int, ...] = (16,)  # verified_tree: draft nodes per pass, one run per value
+    # the core's methods again on these backends too (runs named "<method>@<backend>"), interleaved with the
+    # rest: int8 beside float32 in one run, against the same AR baseline (`backend`'s)
+    also_backends: tuple[str, ...] = ()
 
     def __post_init__(self):
         from mars.core.decoding import MAX_TREE_NODES, check_int
 
+        from mars.core.backends import BACKENDS
+
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ValueError(f"unknown methods {bad}; choose from {METHODS}")
+        bad = [b for b in self.also_backends if b not in BACKENDS]
+        if bad:
+            raise ValueError(f"unknown backends {bad}; choose from {BACKENDS}")
         self.tree_nodes = tuple(check_int("tree nodes", n, 1, MAX_TREE_NODES) for n in self.tree_nodes)
         if not self.prompts:
             raise ValueError("no prompts to benchmark")
@@ -172,6 +182,8 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
 def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
     from mars.core.decoding import DecodeConfig, generate_ids
 
+    mode, _, other = mode.partition("@")  # "mars@fast-int8": the same method on another backend
+    backend = other or backend
     mode, _, nodes = mode.partition(":")  # "verified_tree:16": a tree of 16 nodes
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))
     cfg = DecodeConfig(mode="verified" if mode in VERIFIED else mode, tau=1.0 if tau is None else tau,
@@ -193,6 +205,8 @@ def _plan(cfg: BenchConfig):
             plan.append((m, cfg.verify_tau))
         elif m != "ar":
             plan.append((m, None))
+    core = [(m, t) for m, t in plan if m not in ("hf", "lookup")]
+    plan += [(f"{m}@{b}", t) for b in cfg.also_backends for m, t in core]
     return plan
 
 
@@ -374,6 +388,7 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | Non
                     "gpu": torch.cuda.get_device_name() if lm.model.device.type == "cuda" else None},
         "max_new_tokens": cfg.max_new_tokens,
         "backend": cfg.backend,
+        "also_backends": list(cfg.also_backends),
         "interrupted": any(r.interrupted for r in runs),
         "kinds": list(kinds) if kinds else None,
         "by_kind": by_kind(runs, kinds) if kinds and any(r.batch_size == 1 for r in runs) else None,
