@@ -203,3 +203,17 @@ def test_verified_rejected_drafts_are_struck_through_escaped_and_not_text(payloa
     assert 'class="mars-rejected"' in page and "<script>alert" not in page and "<img" not in page
     # MARS mode passes no rejected texts: its rejected proposals are not drafts that were checked
     assert "<s " not in viz.render_groups_html(records, None)
+
+
+def test_inspector_says_when_the_repeat_guard_stopped_the_chain():
+    guarded = rec(5, " Europe", [7, 8], [0.9, 0.97], [0.95, 0.4])
+    guarded.repeat_guard = True
+    reason = viz.chain_stop_reason(guarded, 4)
+    assert reason.startswith("repeat guard") and "position 2" in reason and "0.950" in reason
+    rows = viz.inspector_rows(guarded, str)
+    assert [r["status"] for r in rows] == ["accepted", "accepted", "rejected by the repeat guard: chain stops here",
+                                           "dropped (after the stop)"]
+    assert "repeat guard" in viz.render_inspector_html(rows, reason)
+    plain = rec(5, " Europe", [7, 8], [0.9, 0.97], [0.5, 0.4])  # same pass, stopped by tau: no guard in the words
+    assert "repeat" not in viz.chain_stop_reason(plain, 4) and "below tau" in viz.chain_stop_reason(plain, 4)
+    assert "repeat" not in viz.inspector_rows(plain, str)[2]["status"]

@@ -63,6 +63,7 @@ DEFAULT_CACHE_BLOCK = 32  # the paper's Bcache at batch 4 and 8; not the authors
 MAX_CACHE_BLOCK = 4096
 MAX_NEW_TOKENS = 100_000
 MAX_TOP_K = 100
+DEFAULT_REPEAT_TAU = None  # the repeat guard's bar by default (None: off); measured in docs/stutter.md
 
 
 @dataclass
@@ -73,6 +74,9 @@ class DecodeConfig:
     mode: str = "mars"  # "mars" (tau rule), "ar" (one token per pass), "verified" (lossless), "jacobi"
     block_size: int = DEFAULT_BLOCK_SIZE  # B: proposals per pass = the AR token + B-1 mask positions (as trained)
     tau: float = 0.9  # confidence threshold; a DecodeControl may change it between passes
+    # mars mode: a draft repeating the 1 or 2 tokens just before it ("Europe Europe") must also clear this
+    # (None: no guard; 1.0: never accepted as a draft). See acceptance.repeat_flags, docs/stutter.md
+    repeat_tau: float | None = DEFAULT_REPEAT_TAU
     confidence: str = "prob"  # "prob" (paper default), "entropy" or "margin"
     max_tokens_per_pass: int | None = None  # optional cap on accepted tokens per pass
     max_new_tokens: int = 128
@@ -93,6 +97,8 @@ class DecodeConfig:
         self.mode = check_choice("mode", self.mode, tuple(MODES))
         self.block_size = check_int("block size", self.block_size, 1, MAX_BLOCK_SIZE)
         self.tau = check_tau(self.tau)
+        if self.repeat_tau is not None:
+            self.repeat_tau = check_tau(self.repeat_tau, "repeat tau")
         self.confidence = check_choice("confidence", self.confidence, CONFIDENCE_MEASURES)
         if self.max_tokens_per_pass is not None:
             self.max_tokens_per_pass = check_int("max tokens per pass", self.max_tokens_per_pass, 1, MAX_BLOCK_SIZE)
@@ -116,10 +122,10 @@ class DecodeConfig:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")
 
 
-def check_tau(value) -> float:
+def check_tau(value, name: str = "tau") -> float:
     """The one tau check, for a DecodeConfig and for a DecodeControl's live changes alike."""
     if not is_finite_number(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"tau must be a number between 0 and 1, got {_short(value)}")
+        raise ValueError(f"{name} must be a number between 0 and 1, got {_short(value)}")
     return float(value)
 
 
@@ -317,6 +323,7 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
         candidates=cands,
         drafts_sent=len(plan.to_verify),
         draft_source=plan.source,
+        repeat_guard=res.repeat_guard and n == len(props),  # not when EOS, the length or a stop string cut first
     )
 
 

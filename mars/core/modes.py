@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score
+from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score, repeat_flags
 from mars.core.lookup import Lookup, lookup_drafts
 
 DRAFT_SOURCES = ("mars", "lookup", "both")  # verified mode: where the drafts of a pass come from
@@ -48,6 +48,7 @@ class Outcome:
     rejected_confidences: list[float]
     n_verified: int = 0  # leading to_verify tokens that were accepted: their KV (computed as real inputs) is valid
     proposal_logits: torch.Tensor | None = None  # (n, V): the logits behind the record's candidates
+    repeat_guard: bool = False  # mars: the repeat guard (DecodeConfig.repeat_tau) cut the chain shorter than tau did
 
 
 class ARMode:
@@ -75,8 +76,13 @@ class MarsMode:
         tok, conf = choose_and_score(logits, cfg.confidence, cfg.temperature, gen,
                                      confidence_logits=calibrate_logits(logits, self.temperatures, ar_rows=1))
         n = int(accept_lengths(conf[None], tau, cfg.max_tokens_per_pass)[0])
+        guarded = n
+        if cfg.repeat_tau is not None and n > 1:
+            repeats = repeat_flags(row.tokens, tok)[None]
+            guarded = int(accept_lengths(conf[None], tau, cfg.max_tokens_per_pass, repeats, cfg.repeat_tau)[0])
         t, c = tok.tolist(), conf.tolist()
-        return Outcome(t[:n], c[:n], t[n:], c[n:], proposal_logits=logits)
+        return Outcome(t[:guarded], c[:guarded], t[guarded:], c[guarded:], proposal_logits=logits,
+                       repeat_guard=guarded < n)
 
 
 class VerifiedMode:

@@ -46,6 +46,7 @@ class PassRecord:
     rejected_texts: list[str] | None = None
     drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
     draft_source: str | None = None  # verified: where the drafts sent came from, "mars" or "lookup"
+    repeat_guard: bool = False  # mars: the chain stopped at a draft repeating the text before it (repeat_tau)
 
     def to_dict(self) -> dict:
         """For a run's JSON: the row is the run's own, empty candidates (top_k = 0) and texts never filled

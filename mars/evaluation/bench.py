@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mars.core.decoding import DEFAULT_CACHE_BLOCK
+from mars.core.decoding import DEFAULT_CACHE_BLOCK, DEFAULT_REPEAT_TAU
 from mars.core.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both", "jacobi")
@@ -48,6 +48,7 @@ class BenchConfig:
     lookup_tokens: int = 10  # prompt_lookup_num_tokens for the lookup method
     verify_tau: float = 0.0  # verified mode: drafts below this confidence are not sent (0 = send all)
     backend: str = "auto"  # runs the core's methods (DecodeConfig.backend); hf and lookup are transformers
+    repeat_tau: float | None = DEFAULT_REPEAT_TAU  # mars: the repeat guard (DecodeConfig.repeat_tau), None = off
 
     def __post_init__(self):
         bad = [m for m in self.methods if m not in METHODS]
@@ -160,13 +161,13 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
     return outs, rows, RunTotals(runs=len(outs), tokens=sum(len(o) for o in outs), passes=sum(rows))
 
 
-def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
+def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto", repeat_tau=None):
     from mars.core.decoding import DecodeConfig, generate_ids
 
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))
     cfg = DecodeConfig(mode="verified" if mode in VERIFIED else mode, tau=1.0 if tau is None else tau,
                        block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
-                       verify_groups=groups, drafts=drafts)
+                       verify_groups=groups, drafts=drafts, repeat_tau=repeat_tau)
     runs = generate_ids(lm, batch, cfg)
     return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
@@ -208,7 +209,8 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         def call(method, tau, batch):
             if method in ("hf", "lookup"):
                 return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
-            return _run_on_the_core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend)
+            return _run_on_the_core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend,
+                                    cfg.repeat_tau)
 
         for method, tau in plan:
             call(method, tau, batches[0][:1])  # warm-up
@@ -358,6 +360,7 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | Non
                     "torch": torch.__version__},
         "max_new_tokens": cfg.max_new_tokens,
         "backend": cfg.backend,
+        "repeat_tau": cfg.repeat_tau,
         "interrupted": any(r.interrupted for r in runs),
         "kinds": list(kinds) if kinds else None,
         "by_kind": by_kind(runs, kinds) if kinds and any(r.batch_size == 1 for r in runs) else None,
