@@ -28,8 +28,11 @@ from pathlib import Path
 from arms_table import nll_at  # scripts/ is on the path when this file runs as a script
 
 
-def curve(ev: dict) -> list[dict]:
-    rows = sorted(ev["decoding"], key=lambda r: -r["tau"])
+def curve(paths: str) -> list[dict]:
+    """One setting's points; PATHS may be several evals of the same setting, comma-separated (one tau each,
+    run in parallel): their rows are merged by tau."""
+    by_tau = {r["tau"]: r for path in paths.split(",") for r in json.loads(Path(path).read_text())["decoding"]}
+    rows = sorted(by_tau.values(), key=lambda r: -r["tau"])
     base = next(r for r in rows if r["tau"] == 1.0)["mean_nll_under_bare"]
     return [{"tau": r["tau"], "repeat_tau": r.get("repeat_tau"), "tokens_per_pass": r["tokens_per_pass"],
              "nll_x_bare": r["mean_nll_under_bare"] / base, "stutter": r.get("stutter") or {},
@@ -38,14 +41,14 @@ def curve(ev: dict) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("arms", nargs="*", help="NAME=EVAL_JSON, guard settings to compare with the reference")
-    ap.add_argument("--reference", required=True, help="NAME=EVAL_JSON: the guard off")
+    ap.add_argument("arms", nargs="*", help="NAME=EVAL_JSON[,EVAL_JSON...]: guard settings to compare with the reference")
+    ap.add_argument("--reference", required=True, help="NAME=EVAL_JSON[,EVAL_JSON...]: the guard off")
     ap.add_argument("--json", default=None, help="also write every point here")
     args = ap.parse_args()
     specs = [args.reference] + args.arms
     if any("=" not in s for s in specs):
         ap.error("give each eval as NAME=EVAL_JSON")
-    curves = {name: curve(json.loads(Path(path).read_text())) for name, path in (s.split("=", 1) for s in specs)}
+    curves = {name: curve(paths) for name, paths in (s.split("=", 1) for s in specs)}
     ref = curves[args.reference.split("=", 1)[0]]
     print("| setting | tau | tokens/pass | NLL x bare | off at speed | stutter /100 words | texts with stutter "
           "| guard stops |")

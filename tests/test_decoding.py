@@ -558,3 +558,18 @@ def test_repeat_tau_is_checked_where_it_is_defined():
     for bad in (1.5, -0.1, float("nan"), "0.9", True):
         with pytest.raises(ValueError, match="repeat tau must be a number between 0 and 1"):
             DecodeConfig(repeat_tau=bad)
+
+
+@pytest.mark.slow
+def test_shipped_adapter_visitor_prompt_stutters_without_the_guard_not_with_it():
+    """Issue 24: "Name three rivers in Europe." at tau 0.9 said "Europe Europe", "South America South America"."""
+    from mars.evaluation.quality import stutters
+    from mars.models.loading import load
+
+    lm = load()  # the default model with the shipped adapter
+    ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
+    text = lambda **kw: generate_ids(lm, [ids], DecodeConfig(max_new_tokens=64, **kw))[0].text
+    ar = text(mode="ar")
+    assert stutters(text(tau=0.9), ar)["extra"] > 0
+    assert stutters(text(tau=0.9, repeat_tau=1.0), ar)["extra"] == 0
+    assert text(tau=1.0, repeat_tau=1.0) == ar
