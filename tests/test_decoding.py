@@ -515,7 +515,7 @@ def test_repeat_guard_keeps_repeats_out_of_the_drafts(tiny_lm, tau, B):
     ids = encode_all(tiny_lm)
     stops = 0
     for p in ids:
-        plain = generate_ids(tiny_lm, [p], DecodeConfig(tau=tau, block_size=B, max_new_tokens=40))[0]
+        plain = generate_ids(tiny_lm, [p], DecodeConfig(tau=tau, block_size=B, max_new_tokens=40, repeat_tau=None))[0]
         run = generate_ids(tiny_lm, [p], DecodeConfig(tau=tau, block_size=B, max_new_tokens=40, repeat_tau=1.0))[0]
         seq = list(p)
         for s in run.steps:
@@ -570,6 +570,6 @@ def test_shipped_adapter_visitor_prompt_stutters_without_the_guard_not_with_it()
     ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
     text = lambda **kw: generate_ids(lm, [ids], DecodeConfig(max_new_tokens=64, **kw))[0].text
     ar = text(mode="ar")
-    assert stutters(text(tau=0.9), ar)["extra"] > 0
+    assert stutters(text(tau=0.9, repeat_tau=None), ar)["extra"] > 0
     assert stutters(text(tau=0.9, repeat_tau=1.0), ar)["extra"] == 0
     assert text(tau=1.0, repeat_tau=1.0) == ar

@@ -63,7 +63,7 @@ DEFAULT_CACHE_BLOCK = 32  # the paper's Bcache at batch 4 and 8; not the authors
 MAX_CACHE_BLOCK = 4096
 MAX_NEW_TOKENS = 100_000
 MAX_TOP_K = 100
-DEFAULT_REPEAT_TAU = None  # the repeat guard's bar by default (None: off); measured in docs/stutter.md
+DEFAULT_REPEAT_TAU = 1.0  # the repeat guard: on, a repeated draft waits for the next pass (docs/stutter.md: lower NLL at equal tokens/pass)
 
 
 @dataclass

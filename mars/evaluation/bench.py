@@ -161,7 +161,7 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
     return outs, rows, RunTotals(runs=len(outs), tokens=sum(len(o) for o in outs), passes=sum(rows))
 
 
-def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto", repeat_tau=None):
+def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto", repeat_tau=DEFAULT_REPEAT_TAU):
     from mars.core.decoding import DecodeConfig, generate_ids
 
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))

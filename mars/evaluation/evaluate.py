@@ -161,10 +161,10 @@ def known_answer_accuracy(results, answers: list[str]) -> float:
 
 
 def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max_new: int, batch_size: int = 8,
-                  known: tuple[list[list[int]], list[str]] | None = None, repeat_tau: float | None = None) -> list[dict]:
+                  known: tuple[list[list[int]], list[str]] | None = None, repeat_tau: float | None = "default") -> list[dict]:
     """Generate at each tau (batched: token-for-token the same as one by one) and score the runs.
 
-    `repeat_tau`: the repeat guard (DecodeConfig.repeat_tau) for every tau. Each row's `stutter` counts the
+    `repeat_tau`: the repeat guard (DecodeConfig.repeat_tau) for every tau ("default": the config's default). Each row's `stutter` counts the
     words its text repeats back to back that the tau 1.0 text of the same prompt does not (quality.stutter_rate);
     `repeat_guard_stops`: passes whose chain the guard cut.
 
@@ -174,6 +174,9 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
     from mars.core.decoding import DecodeConfig, generate_ids
     from mars.evaluation.quality import mean_nll, prefix_match, stutter_rate
     from mars.core.records import RunTotals
+
+    if repeat_tau == "default":
+        repeat_tau = DecodeConfig.repeat_tau
 
     def generate(model, ids, cfg):
         out = []
