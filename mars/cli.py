@@ -32,6 +32,27 @@ def _add_model_args(p: argparse.ArgumentParser):
     p.add_argument("--dtype", default=None, help="weights' dtype (default: bfloat16 on CUDA, float32 on the CPU)")
 
 
+def repeat_tau(value: str) -> float | None:
+    """--repeat-tau's value: a number (checked by DecodeConfig), or off / none for no guard."""
+    if value.lower() in ("off", "none"):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number between 0 and 1, or off; got {value!r}") from None
+
+
+def _add_repeat_tau(p: argparse.ArgumentParser):
+    p.add_argument("--repeat-tau", default=argparse.SUPPRESS, type=repeat_tau,
+                   help="mars: a draft repeating the 1 or 2 tokens before it must also clear this confidence "
+                        "(1.0: never accepted as a draft; off: no guard; default: the library's, see docs/stutter.md)")
+
+
+def _repeat_tau(args) -> dict:
+    """The flag when given ('off' gives None: no guard), else nothing: the config's own default applies."""
+    return {"repeat_tau": args.repeat_tau} if hasattr(args, "repeat_tau") else {}
+
+
 def build_parser() -> argparse.ArgumentParser:
     # choices come from the registries, so a new mode, backend or measure reaches the CLI by itself
     from mars.core.acceptance import CONFIDENCE_MEASURES
@@ -61,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "send only drafts with confidence >= tau to be checked; the text is AR's whatever tau "
                         "(default 0.0: send every draft, the fastest)")
     g.add_argument("--block-size", type=int, default=None, help="proposals per pass (default: as trained, else 4)")
+    _add_repeat_tau(g)
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--confidence", default="prob", choices=list(CONFIDENCE_MEASURES))
     g.add_argument("--max-tokens-per-pass", type=int, default=None)
@@ -139,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.9, 0.7])
     b.add_argument("--batch-sizes", type=int, nargs="+", default=[1])
     b.add_argument("--block-size", type=int, default=None)
+    _add_repeat_tau(b)
     b.add_argument("--cache-block", type=int, default=DEFAULT_CACHE_BLOCK)
     b.add_argument("--max-new-tokens", type=int, default=64)
     b.add_argument("--limit", type=int, default=None)
@@ -159,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int, default=40)
     e.add_argument("--taus", type=float, nargs="+", default=[1.0, 0.95, 0.9, 0.8, 0.7, 0.5])
     e.add_argument("--max-new-tokens", type=int, default=64)
+    _add_repeat_tau(e)
     e.add_argument("--known", default="data/prompts/known_answers.jsonl")
     e.add_argument("--known-limit", type=int, default=40)
     e.add_argument("--teacher-forced-only", action="store_true", help="skip generation (fast)")
@@ -258,7 +282,8 @@ def cmd_eval(args) -> int:
             rows = read_jsonl(args.known)
             rows = rows[:: max(1, len(rows) // max(1, args.known_limit))][: args.known_limit]  # every kind
             known = ([encode_prompt(lm.tokenizer, r["prompt"]) for r in rows], [r["answer"] for r in rows])
-        report["decoding"] = decoding_eval(lm, bare, prompts, args.taus, block, args.max_new_tokens, known=known)
+        report["decoding"] = decoding_eval(lm, bare, prompts, args.taus, block, args.max_new_tokens, known=known,
+                                           **_repeat_tau(args))
         for row in report["decoding"]:
             print(json.dumps({k: v for k, v in row.items() if k != "histogram"}), flush=True)
     if args.out:
@@ -293,7 +318,7 @@ def cmd_bench(args) -> int:
     cfg = BenchConfig(prompts=prompts, methods=tuple(m.strip() for m in args.methods.split(",") if m.strip()),
                       taus=tuple(args.taus), batch_sizes=tuple(args.batch_sizes), block_size=args.block_size,
                       cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend,
-                      tree_nodes=tuple(args.tree_nodes), also_backends=tuple(args.also_backends))
+                      tree_nodes=tuple(args.tree_nodes), also_backends=tuple(args.also_backends), **_repeat_tau(args))
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     bar = tqdm(desc="bench", unit="batch")
     status: dict = {}
@@ -338,7 +363,7 @@ def cmd_generate(args) -> int:
         max_tokens_per_pass=args.max_tokens_per_pass, max_new_tokens=args.max_new_tokens,
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
         temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, drafts=args.drafts,
-        backend=args.backend, tree_nodes=tree_nodes_arg(args.tree_nodes, lm.model, args.mode),
+        backend=args.backend, tree_nodes=tree_nodes_arg(args.tree_nodes, lm.model, args.mode), **_repeat_tau(args),
     )
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):

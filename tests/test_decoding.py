@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mars.core.acceptance import accept_lengths, choose_and_score
+from mars.core.acceptance import accept_lengths, choose_and_score, repeat_flags
 from mars.core.decoding import DecodeConfig, DecodeControl, decode_steps, encode_prompt, generate_ids, stream
 
 PROMPTS = [
@@ -36,6 +36,29 @@ def test_accept_lengths_rule():
     assert accept_lengths(torch.ones(1, 4), 1.0).tolist() == [1]  # even for saturated probabilities
     assert accept_lengths(conf, 0.0).tolist() == [4, 4, 4]
     assert accept_lengths(conf, 0.0, max_per_pass=2).tolist() == [2, 2, 2]
+
+
+def test_repeat_flags_by_hand():
+    t = lambda *x: torch.tensor(x)
+    # "in Europe | Europe , Europe Europe": AR token 0 never counts against the drafts' rule but is flagged as data
+    assert repeat_flags([1, 2], t(2, 3, 3, 3)).tolist() == [True, False, True, True]
+    # "South America South America": the 2-token repeat is seen at its last token, across the context edge
+    assert repeat_flags([9, 5, 6], t(5, 6, 7)).tolist() == [False, True, False]
+    assert repeat_flags([5, 6, 5], t(6, 5, 6)).tolist() == [True, True, True]  # 5 6 5 6, then 6 5 6 5, then 5 6 5 6
+    assert repeat_flags([], t(4, 4)).tolist() == [False, True]
+    assert repeat_flags([1, 2, 3], t(4, 5, 6), max_ngram=1).tolist() == [False, False, False]
+
+
+def test_accept_lengths_repeat_guard():
+    conf = torch.tensor([[0.2, 0.95, 0.97, 0.99], [0.2, 0.95, 0.97, 0.99], [0.2, 0.95, 0.5, 0.99]])
+    reps = torch.tensor([[False, False, True, False], [True, False, False, True], [False, True, False, False]])
+    assert accept_lengths(conf, 0.9, repeats=reps, repeat_tau=0.995).tolist() == [2, 3, 1]
+    assert accept_lengths(conf, 0.9, repeats=reps, repeat_tau=0.98).tolist() == [2, 4, 1]
+    assert accept_lengths(conf, 0.9, repeats=reps, repeat_tau=0.96).tolist() == [4, 4, 1]
+    assert accept_lengths(conf, 0.9, repeats=reps, repeat_tau=None).tolist() == [4, 4, 2]  # no guard
+    assert accept_lengths(torch.ones(1, 4), 0.9, repeats=torch.ones(1, 4, dtype=torch.bool),
+                          repeat_tau=1.0).tolist() == [1]  # 1.0: a repeat is never a draft, even saturated
+    assert accept_lengths(conf, 1.0, repeats=reps, repeat_tau=0.0).tolist() == [1, 1, 1]  # tau 1 is still AR
 
 
 def test_confidence_measures():
@@ -157,7 +180,7 @@ def test_stops_max_tokens_eos_and_stop_strings(tiny_lm):
     assert stopped.token_ids == free.token_ids[: len(stopped.token_ids)] and len(stopped.token_ids) <= 6
     # EOS: find a prompt whose greedy run emits EOS; the EOS is the last generated id
     eos = tiny_lm.eos_token_ids[0]
-    runs = [generate_ids(tiny_lm, [p], DecodeConfig(mode="ar", max_new_tokens=60))[0] for p in encode_all(tiny_lm)]
+    runs = [generate_ids(tiny_lm, [p], DecodeConfig(mode="ar", max_new_tokens=40))[0] for p in encode_all(tiny_lm)]
     ended = [r for r in runs if r.finish_reason == "eos"]
     assert ended, "the tiny model should end at least one of the prompts"
     for r in ended:
@@ -424,8 +447,8 @@ def test_lookup_drafts_copy_the_latest_longest_match():
 def test_verified_with_lookup_drafts_reproduces_ar_greedy(tiny_lm, tiny_qwen, arch, drafts, groups, backend):
     lm = tiny_lm if arch == "llama" else tiny_qwen
     ids = encode_all(lm, REPEAT_PROMPTS)  # different lengths: the batch is left-padded
-    ar = [generate_ids(lm, [p], DecodeConfig(mode="ar", max_new_tokens=60))[0].token_ids for p in ids]
-    kw = dict(mode="verified", drafts=drafts, verify_groups=groups, tau=0.0, max_new_tokens=60, backend=backend)
+    ar = [generate_ids(lm, [p], DecodeConfig(mode="ar", max_new_tokens=40))[0].token_ids for p in ids]
+    kw = dict(mode="verified", drafts=drafts, verify_groups=groups, tau=0.0, max_new_tokens=40, backend=backend)
     alone = [generate_ids(lm, [p], DecodeConfig(**kw, cache_block=8))[0] for p in ids]
     assert [r.token_ids for r in alone] == ar
     assert [r.token_ids for r in generate_ids(lm, ids, DecodeConfig(**kw, cache_block=8))] == ar
@@ -477,3 +500,76 @@ def test_default_model_lookup_drafts_are_accepted_and_exact(default_lm, drafts):
     assert res.tokens_per_pass > 1.3
     batch = generate_ids(default_lm, [ids, encode_prompt(default_lm.tokenizer, DEFAULT_PROMPTS[0])], cfg)
     assert batch[0].token_ids == ar
+
+
+# ---- the repeat guard (DecodeConfig.repeat_tau)
+
+
+def _is_repeat(seq, j):
+    """Slow and obvious: the 1 or 2 tokens ending at j equal the 1 or 2 just before them."""
+    return (j >= 1 and seq[j] == seq[j - 1]) or (j >= 3 and seq[j - 1:j + 1] == seq[j - 3:j - 1])
+
+
+@pytest.mark.parametrize("tau,B", [(0.0, 3), (0.0, 4), (0.0, 8)])
+def test_repeat_guard_keeps_repeats_out_of_the_drafts(tiny_lm, tau, B):
+    ids = encode_all(tiny_lm)
+    stops = 0
+    for p in ids:
+        plain = generate_ids(tiny_lm, [p], DecodeConfig(tau=tau, block_size=B, max_new_tokens=40, repeat_tau=None))[0]
+        run = generate_ids(tiny_lm, [p], DecodeConfig(tau=tau, block_size=B, max_new_tokens=40, repeat_tau=1.0))[0]
+        seq = list(p)
+        for s in run.steps:
+            for k in range(1, len(s.token_ids)):  # no accepted draft repeats what stands before it
+                assert not _is_repeat(seq + s.token_ids, len(seq) + k)
+            if s.repeat_guard:  # the guard, not tau, cut the chain: the next proposal repeats and cleared tau
+                assert s.rejected_confidences[0] >= tau and _is_repeat(seq + s.token_ids + s.rejected_token_ids[:1],
+                                                                        len(seq) + len(s.token_ids))
+            seq += s.token_ids
+        stops += sum(s.repeat_guard for s in run.steps)
+        # the guard is vacuous at or below tau: same tokens, same passes as no guard
+        low = generate_ids(tiny_lm, [p], DecodeConfig(tau=tau, block_size=B, max_new_tokens=40, repeat_tau=tau))[0]
+        assert low.token_ids == plain.token_ids and low.passes == plain.passes
+        assert not any(s.repeat_guard for s in low.steps + plain.steps)
+    assert stops > 0  # this seeded model does stutter, so the test exercised the guard
+
+
+def test_repeat_guard_cached_uncached_batched_alone(tiny_lm):
+    ids = encode_all(tiny_lm)
+    cfg = dict(mode="mars", tau=0.0, block_size=4, max_new_tokens=40, repeat_tau=0.99)
+    batch = generate_ids(tiny_lm, ids, DecodeConfig(**cfg, cache_block=8))
+    alone = [generate_ids(tiny_lm, [p], DecodeConfig(**cfg))[0] for p in ids]
+    unc = generate_ids(tiny_lm, ids, DecodeConfig(**cfg, use_cache=False))
+    assert [r.token_ids for r in batch] == [r.token_ids for r in alone] == [r.token_ids for r in unc]
+    assert [r.passes for r in batch] == [r.passes for r in alone]
+
+
+def test_repeat_guard_leaves_tau1_ar_and_verified_untouched(tiny_lm):
+    for p in encode_all(tiny_lm):
+        ar = generate_ids(tiny_lm, [p], DecodeConfig(mode="ar", max_new_tokens=40))[0].token_ids
+        for rt in (0.0, 0.5, 1.0):
+            assert generate_ids(tiny_lm, [p], DecodeConfig(tau=1.0, max_new_tokens=40, repeat_tau=rt))[0].token_ids == ar
+        v = generate_ids(tiny_lm, [p], DecodeConfig(mode="verified", tau=0.0, max_new_tokens=40))[0]
+        vg = generate_ids(tiny_lm, [p], DecodeConfig(mode="verified", tau=0.0, max_new_tokens=40, repeat_tau=1.0))[0]
+        assert vg.token_ids == v.token_ids == ar and vg.passes == v.passes
+
+
+def test_repeat_tau_is_checked_where_it_is_defined():
+    assert DecodeConfig(repeat_tau=1).repeat_tau == 1.0
+    for bad in (1.5, -0.1, float("nan"), "0.9", True):
+        with pytest.raises(ValueError, match="repeat tau must be a number between 0 and 1"):
+            DecodeConfig(repeat_tau=bad)
+
+
+@pytest.mark.slow
+def test_shipped_adapter_visitor_prompt_stutters_without_the_guard_not_with_it():
+    """Issue 24: "Name three rivers in Europe." at tau 0.9 said "Europe Europe", "South America South America"."""
+    from mars.evaluation.quality import stutters
+    from mars.models.loading import load
+
+    lm = load()  # the default model with the shipped adapter
+    ids = encode_prompt(lm.tokenizer, "Name three rivers in Europe.")
+    text = lambda **kw: generate_ids(lm, [ids], DecodeConfig(max_new_tokens=64, **kw))[0].text
+    ar = text(mode="ar")
+    assert stutters(text(tau=0.9, repeat_tau=None), ar)["extra"] > 0
+    assert stutters(text(tau=0.9, repeat_tau=1.0), ar)["extra"] == 0
+    assert text(tau=1.0, repeat_tau=1.0) == ar

@@ -262,3 +262,20 @@ def test_cli_eval_writes_report(tiny_dir, tmp_path):
     assert rep["examples"] == 2 and set(rep["draft_accuracy"]["accuracy_by_distance"]) == {"2", "3", "4"}
     assert [row["tau"] for row in rep["decoding"]] == [1.0, 0.9, 0.5]
     assert all("known_answer_accuracy" in row and row["exact_match_with_bare"] is None for row in rep["decoding"])
+
+
+def test_decoding_eval_reports_stutters_and_the_repeat_guard(tiny_lm):
+    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.evaluation.evaluate import decoding_eval
+    from mars.evaluation.quality import stutter_rate
+
+    prompts = [encode_prompt(tiny_lm.tokenizer, p) for p in ("tell me a word", "add 2 + 3", "name a colour")]
+    for rt in (None, 1.0):
+        one, zero = decoding_eval(tiny_lm, None, prompts, [0.0], 4, 30, repeat_tau=rt)
+        assert one["repeat_tau"] == zero["repeat_tau"] == rt
+        assert one["stutter"]["extra_repeats"] == 0 and one["repeat_guard_stops"] == 0  # tau 1.0 is the reference
+        runs = generate_ids(tiny_lm, prompts, DecodeConfig(tau=0.0, max_new_tokens=30, repeat_tau=rt))
+        ref = generate_ids(tiny_lm, prompts, DecodeConfig(tau=1.0, max_new_tokens=30))
+        text = lambda rs: [tiny_lm.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in rs]
+        assert zero["stutter"] == stutter_rate(text(runs), text(ref))
+        assert (zero["repeat_guard_stops"] > 0) == (rt is not None)

@@ -45,3 +45,21 @@ def test_mean_nll_needs_tokens():
 )
 def test_prefix_agreement(ref, cand, expected):
     assert prefix_agreement(ref, cand) == expected
+
+
+def test_stutters_are_the_repeats_the_reference_does_not_have():
+    from mars.evaluation.quality import adjacent_repeats, stutter_rate, stutters
+
+    assert adjacent_repeats("in europe europe , it".split()) == {("europe",): 1}
+    assert adjacent_repeats("in south america south america .".split()) == {("south", "america"): 1}
+    assert adjacent_repeats("a a a".split()) == {("a",): 2}  # not also a 2-gram ("a a", "a a")
+    mars = "The largest river in Europe Europe, in South America South America. It is very very long."
+    ar = "The largest river in Europe, in South America. It is very very long."
+    s = stutters(mars, ar)
+    assert s["extra"] == 2 and s["examples"] == ["europe", "south america"]  # "very very" is in both
+    assert stutters(ar, ar)["extra"] == 0
+    rate = stutter_rate([mars, ar], [ar, ar])
+    assert rate["extra_repeats"] == 2 and rate["texts_with_stutter"] == 0.5
+    assert rate["per_100_words"] == pytest.approx(100 * 2 / (len(mars.split()) + len(ar.split()) - 0))
+    with pytest.raises(ValueError, match="one reference per text"):
+        stutter_rate([mars], [])

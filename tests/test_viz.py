@@ -222,3 +222,17 @@ def test_tree_view_marks_the_path_that_won_at_each_depth_and_escapes(payload):
     r.tree_path = [10, 20, 30]
     assert "deepest candidate" in viz.chain_stop_reason(r, 4, "verified")
     assert 'data-depths="0"' in viz.render_tree_html([], "x", 0)
+
+
+def test_inspector_says_when_the_repeat_guard_stopped_the_chain():
+    guarded = rec(5, " Europe", [7, 8], [0.9, 0.97], [0.95, 0.4])
+    guarded.repeat_guard = True
+    reason = viz.chain_stop_reason(guarded, 4)
+    assert reason.startswith("repeat guard") and "position 2" in reason and "0.950" in reason
+    rows = viz.inspector_rows(guarded, str)
+    assert [r["status"] for r in rows] == ["accepted", "accepted", "rejected by the repeat guard: chain stops here",
+                                           "dropped (after the stop)"]
+    assert "repeat guard" in viz.render_inspector_html(rows, reason)
+    plain = rec(5, " Europe", [7, 8], [0.9, 0.97], [0.5, 0.4])  # same pass, stopped by tau: no guard in the words
+    assert "repeat" not in viz.chain_stop_reason(plain, 4) and "below tau" in viz.chain_stop_reason(plain, 4)
+    assert "repeat" not in viz.inspector_rows(plain, str)[2]["status"]

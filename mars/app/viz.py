@@ -252,6 +252,10 @@ def chain_stop_reason(rec, proposals: int, mode: str = "mars") -> str:
         return f"all {proposals} proposals accepted: the window ends here"
     if rec.tau >= 1.0:
         return "tau = 1: only the AR token is accepted (plain AR decoding)"
+    if rec.repeat_guard:
+        conf = f"confidence {rec.rejected_confidences[0]:.3f} reached tau {rec.tau:.2f}, but " if rec.rejected_confidences else ""
+        return (f"repeat guard: the draft at position {n} repeats the word(s) just before it; {conf}a repeat "
+                "must clear the higher repeat bar, so it waits for the next pass")
     if rec.rejected_confidences and rec.rejected_confidences[0] < rec.tau:
         return f"position {n}: confidence {rec.rejected_confidences[0]:.3f} is below tau {rec.tau:.2f}"
     return "the cap on tokens per pass"
@@ -277,7 +281,9 @@ def inspector_rows(rec, decode: Callable[[int], str], mode: str = "mars") -> lis
                       "rejected: not the model's choice" if j == n else "dropped (after the mismatch)")
         else:
             position = "AR token (0)" if j == 0 else f"mask +{j}"
-            status = "accepted" if j < n else ("rejected: chain stops here" if j == n else "dropped (after the stop)")
+            stop = "rejected by the repeat guard: chain stops here" if rec.repeat_guard \
+                else "rejected: chain stops here"
+            status = "accepted" if j < n else (stop if j == n else "dropped (after the stop)")
         rows.append({"position": position, "token": decode(tok), "confidence": conf, "status": status,
                      "candidates": cands})
     return rows

@@ -62,20 +62,29 @@ def choose_and_score(
     return tokens, conf
 
 
-def accept_lengths(conf: torch.Tensor, tau: float, max_per_pass: int | None = None) -> torch.Tensor:
+def accept_lengths(conf: torch.Tensor, tau: float, max_per_pass: int | None = None,
+                   repeats: torch.Tensor | None = None, repeat_tau: float | None = None) -> torch.Tensor:
     """How many proposals each row accepts.
 
     conf: (b, n) confidences of the n proposals of a pass, left to right; column 0 is the ordinary AR
     token. Rule: accept column 0 always, then columns 1, 2, ... while every confidence so far is >= tau.
     tau >= 1 accepts column 0 only: that is exactly AR decoding, even where a float probability rounds to
     1.0 (a saturated probability is not a guarantee that the draft equals the AR token).
+    Repeat guard (`repeats`: (b, n) bool from `repeat_flags`, `repeat_tau` not None): a draft that repeats
+    what stands just before it must also clear repeat_tau; repeat_tau >= 1 never accepts one. Mask
+    positions see only masks, so two neighbours can draft the same token ("Europe Europe"): the guard
+    makes such a draft wait for the next pass, where it is the AR token or is not proposed at all.
     Returns (b,) long in [1, n] (or [1, max_per_pass]).
     """
     n = conf.shape[-1]
     if tau >= 1.0 or n == 1:
         lengths = torch.ones(conf.shape[:-1], dtype=torch.long, device=conf.device)
     else:
-        run = torch.cumprod((conf[..., 1:] >= tau).long(), dim=-1)  # 1 while the chain is unbroken
+        ok = conf[..., 1:] >= tau
+        if repeats is not None and repeat_tau is not None:
+            clears = conf[..., 1:] >= repeat_tau if repeat_tau < 1.0 else torch.zeros_like(ok)
+            ok = ok & (~repeats[..., 1:].bool() | clears)
+        run = torch.cumprod(ok.long(), dim=-1)  # 1 while the chain is unbroken
         lengths = 1 + run.sum(-1)
     if max_per_pass is not None:
         lengths = lengths.clamp(max=max(1, int(max_per_pass)))
@@ -103,6 +112,24 @@ def _in_one_copy(tensors) -> list:
             part = [int(x) for x in part]
         out.append(part if t.dim() == 1 else part[0])
     return out
+
+
+def repeat_flags(context: list[int], proposals: torch.Tensor, max_ngram: int = 2) -> torch.Tensor:
+    """Which proposals of a pass repeat what stands right before them.
+
+    context: the row's tokens so far (prompt and committed text; only the last 2 * max_ngram - 1 matter);
+    proposals: (n,) the pass's tokens, AR token first. Proposal j is a repeat when, in context + proposals,
+    the k tokens ending at it equal the k tokens just before those, for some k in 1..max_ngram: k = 1 is
+    "Europe Europe", k = 2 catches "South America South America" at its last token. Drafts count against
+    the drafts before them in the same pass, as they would be read if accepted. Returns (n,) bool.
+    """
+    tail = list(context[-(2 * max_ngram - 1):]) if max_ngram > 0 else []
+    seq = tail + proposals.tolist()
+    flags = []
+    for j in range(len(tail), len(seq)):
+        flags.append(any(j + 1 >= 2 * k and seq[j - k + 1:j + 1] == seq[j - 2 * k + 1:j - k + 1]
+                         for k in range(1, max_ngram + 1)))
+    return torch.tensor(flags, dtype=torch.bool)
 
 
 def is_finite_number(x) -> bool:

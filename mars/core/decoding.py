@@ -64,6 +64,7 @@ MAX_CACHE_BLOCK = 4096
 MAX_NEW_TOKENS = 100_000
 MAX_TOP_K = 100
 MAX_TREE_NODES = 256  # draft tokens per pass in a tree (each may bring a mask group: the input grows fast)
+DEFAULT_REPEAT_TAU = 1.0  # the repeat guard: on, a repeated draft waits for the next pass (docs/stutter.md: lower NLL at equal tokens/pass)
 
 
 @dataclass
@@ -74,6 +75,9 @@ class DecodeConfig:
     mode: str = "mars"  # "mars" (tau rule), "ar" (one token per pass), "verified" (lossless), "jacobi"
     block_size: int = DEFAULT_BLOCK_SIZE  # B: proposals per pass = the AR token + B-1 mask positions (as trained)
     tau: float = 0.9  # confidence threshold; a DecodeControl may change it between passes
+    # mars mode: a draft repeating the 1 or 2 tokens just before it ("Europe Europe") must also clear this
+    # (None: no guard; 1.0: never accepted as a draft). See acceptance.repeat_flags, docs/stutter.md
+    repeat_tau: float | None = DEFAULT_REPEAT_TAU
     confidence: str = "prob"  # "prob" (paper default), "entropy" or "margin"
     max_tokens_per_pass: int | None = None  # optional cap on accepted tokens per pass
     max_new_tokens: int = 128
@@ -96,6 +100,8 @@ class DecodeConfig:
         self.mode = check_choice("mode", self.mode, tuple(MODES))
         self.block_size = check_int("block size", self.block_size, 1, MAX_BLOCK_SIZE)
         self.tau = check_tau(self.tau)
+        if self.repeat_tau is not None:
+            self.repeat_tau = check_tau(self.repeat_tau, "repeat tau")
         self.confidence = check_choice("confidence", self.confidence, CONFIDENCE_MEASURES)
         if self.max_tokens_per_pass is not None:
             self.max_tokens_per_pass = check_int("max tokens per pass", self.max_tokens_per_pass, 1, MAX_BLOCK_SIZE)
@@ -122,10 +128,10 @@ class DecodeConfig:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")
 
 
-def check_tau(value) -> float:
+def check_tau(value, name: str = "tau") -> float:
     """The one tau check, for a DecodeConfig and for a DecodeControl's live changes alike."""
     if not is_finite_number(value) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"tau must be a number between 0 and 1, got {_short(value)}")
+        raise ValueError(f"{name} must be a number between 0 and 1, got {_short(value)}")
     return float(value)
 
 
@@ -325,6 +331,7 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
         draft_source=plan.source,
         tree_depths=res.tree_depths,
         tree_path=res.tree_path,
+        repeat_guard=res.repeat_guard and n == len(props),  # not when EOS, the length or a stop string cut first
     )
 
 

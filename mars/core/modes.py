@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score, to_host
+from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score, repeat_flags, to_host
 from mars.core.lookup import Lookup, lookup_drafts
 
 DRAFT_SOURCES = ("mars", "lookup", "both")  # verified mode: where the drafts of a pass come from
@@ -53,6 +53,7 @@ class Outcome:
     proposal_logits: torch.Tensor | None = None  # (n, V): the logits behind the record's candidates
     tree_depths: list[list[int]] | None = None  # tree drafts: the candidates checked at each depth
     tree_path: list[int] | None = None  # tree drafts: the accepted path's draft at each depth
+    repeat_guard: bool = False  # mars: the repeat guard (DecodeConfig.repeat_tau) cut the chain shorter than tau did
 
 
 class ARMode:
@@ -81,7 +82,14 @@ class MarsMode:
                                      confidence_logits=calibrate_logits(logits, self.temperatures, ar_rows=1))
         # scored and accepted where the logits are (a GPU's): only the ids, confidences and count come back
         t, c, n = to_host(tok, conf, accept_lengths(conf[None], tau, cfg.max_tokens_per_pass)[0])
-        return Outcome(t[:n], c[:n], t[n:], c[n:], proposal_logits=logits)
+        guarded = n
+        if cfg.repeat_tau is not None and n > 1:
+            # the guard reads the row's text: on the host, from the values just fetched (no second device wait)
+            repeats = repeat_flags(row.tokens, torch.tensor(t))[None]
+            guarded = int(accept_lengths(torch.tensor(c, dtype=conf.dtype)[None], tau, cfg.max_tokens_per_pass,
+                                         repeats, cfg.repeat_tau)[0])
+        return Outcome(t[:guarded], c[:guarded], t[guarded:], c[guarded:], proposal_logits=logits,
+                       repeat_guard=guarded < n)
 
 
 class VerifiedMode:

@@ -50,6 +50,7 @@ class PassRecord:
     # first, and the accepted path's draft at each depth (the pass then adds the model's own next token)
     tree_depths: list[list[int]] | None = None
     tree_path: list[int] | None = None
+    repeat_guard: bool = False  # mars: the chain stopped at a draft repeating the text before it (repeat_tau)
 
     def to_dict(self) -> dict:
         """For a run's JSON: the row is the run's own, empty candidates (top_k = 0) and texts never filled

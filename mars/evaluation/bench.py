@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mars.core.decoding import DEFAULT_CACHE_BLOCK
+from mars.core.decoding import DEFAULT_CACHE_BLOCK, DEFAULT_REPEAT_TAU
 from mars.core.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both",
@@ -59,11 +59,11 @@ class BenchConfig:
     # the core's methods again on these backends too (runs named "<method>@<backend>"), interleaved with the
     # rest: int8 beside float32 in one run, against the same AR baseline (`backend`'s)
     also_backends: tuple[str, ...] = ()
+    repeat_tau: float | None = DEFAULT_REPEAT_TAU  # mars: the repeat guard (DecodeConfig.repeat_tau), None = off
 
     def __post_init__(self):
-        from mars.core.decoding import MAX_TREE_NODES, check_int
-
         from mars.core.backends import BACKENDS
+        from mars.core.decoding import MAX_TREE_NODES, check_int
 
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
@@ -179,7 +179,7 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
     return outs, rows, RunTotals(runs=len(outs), tokens=sum(len(o) for o in outs), passes=sum(rows))
 
 
-def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto"):
+def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto", repeat_tau=DEFAULT_REPEAT_TAU):
     from mars.core.decoding import DecodeConfig, generate_ids
 
     mode, _, other = mode.partition("@")  # "mars@fast-int8": the same method on another backend
@@ -188,7 +188,7 @@ def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend=
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))
     cfg = DecodeConfig(mode="verified" if mode in VERIFIED else mode, tau=1.0 if tau is None else tau,
                        block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
-                       verify_groups=groups, drafts=drafts, tree_nodes=int(nodes or 0))
+                       verify_groups=groups, drafts=drafts, tree_nodes=int(nodes or 0), repeat_tau=repeat_tau)
     runs = generate_ids(lm, batch, cfg)
     return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
@@ -234,7 +234,8 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         def call(method, tau, batch):
             if method in ("hf", "lookup"):
                 return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
-            return _run_on_the_core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend)
+            return _run_on_the_core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend,
+                                    cfg.repeat_tau)
 
         # warm-up; off the CPU with the whole first batch: the static backend captures a CUDA graph per
         # (batch, width) on first use, which must not land inside the timed runs
@@ -389,6 +390,7 @@ def to_json(lm, cfg: BenchConfig, runs: list[Run], kinds: list[str | None] | Non
         "max_new_tokens": cfg.max_new_tokens,
         "backend": cfg.backend,
         "also_backends": list(cfg.also_backends),
+        "repeat_tau": cfg.repeat_tau,
         "interrupted": any(r.interrupted for r in runs),
         "kinds": list(kinds) if kinds else None,
         "by_kind": by_kind(runs, kinds) if kinds and any(r.batch_size == 1 for r in runs) else None,

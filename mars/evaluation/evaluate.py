@@ -161,15 +161,22 @@ def known_answer_accuracy(results, answers: list[str]) -> float:
 
 
 def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max_new: int, batch_size: int = 8,
-                  known: tuple[list[list[int]], list[str]] | None = None) -> list[dict]:
+                  known: tuple[list[list[int]], list[str]] | None = None, repeat_tau: float | None = "default") -> list[dict]:
     """Generate at each tau (batched: token-for-token the same as one by one) and score the runs.
+
+    `repeat_tau`: the repeat guard (DecodeConfig.repeat_tau) for every tau ("default": the config's default). Each row's `stutter` counts the
+    words its text repeats back to back that the tau 1.0 text of the same prompt does not (quality.stutter_rate);
+    `repeat_guard_stops`: passes whose chain the guard cut.
 
     With a separate `bare` model, also the drift control: each tau's agreement with the bare model's own
     greedy text (at tau 1.0 that is how far the adapter moved the model's AR behaviour).
     """
     from mars.core.decoding import DecodeConfig, generate_ids
-    from mars.evaluation.quality import mean_nll, prefix_match
+    from mars.evaluation.quality import mean_nll, prefix_match, stutter_rate
     from mars.core.records import RunTotals
+
+    if repeat_tau == "default":
+        repeat_tau = DecodeConfig.repeat_tau
 
     def generate(model, ids, cfg):
         out = []
@@ -178,7 +185,8 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
         return out
 
     def run(ids, tau):
-        return generate(lm, ids, DecodeConfig(mode="mars", tau=tau, block_size=block_size, max_new_tokens=max_new))
+        return generate(lm, ids, DecodeConfig(mode="mars", tau=tau, block_size=block_size, max_new_tokens=max_new,
+                                              repeat_tau=repeat_tau))
 
     ref = None
     rows = []
@@ -193,8 +201,11 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
         t = RunTotals.of(res)  # tokens, passes and the histogram only: batch_passes would mix the batches
         nll_self = [mean_nll(lm, p, r.token_ids) for p, r in zip(prompts, res) if r.token_ids]
         nll_bare = [mean_nll(bare, p, r.token_ids) for p, r in zip(prompts, res) if r.token_ids] if bare else []
+        texts = [lm.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in res]
+        refs = [lm.tokenizer.decode(r.token_ids, skip_special_tokens=True) for r in ref]
         row = {
             "tau": tau,
+            "repeat_tau": repeat_tau,
             "tokens_per_pass": t.tokens_per_pass,
             "tokens": t.tokens,
             "passes": t.passes,
@@ -207,6 +218,8 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
             sum(a.token_ids == b.token_ids for a, b in zip(bare_ref, res)) / len(res),
             "prefix_match_with_bare": None if bare_ref is None else
             sum(prefix_match(a.token_ids, b.token_ids) for a, b in zip(bare_ref, res)) / len(res),
+            "stutter": stutter_rate(texts, refs),
+            "repeat_guard_stops": sum(s.repeat_guard for r in res for s in r.steps),
         }
         if known:
             row["known_answer_accuracy"] = known_answer_accuracy(run(known[0], tau), known[1])
