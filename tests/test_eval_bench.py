@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars.evaluation.bench import BenchConfig, format_table, read_prompts, run_bench
+from mars.evaluation.bench import BenchConfig, _plan, format_table, read_prompts, run_bench
 from mars.evaluation.evaluate import draft_accuracy
 from mars.training.objective import Example
 from mars.evaluation.quality import prefix_match
@@ -91,6 +91,10 @@ def test_bench_also_backends_run_each_core_method_on_each_backend(tiny_lm):
     # tau 1.0 agree with each other whatever they do against float32
     assert runs["ar@hf"].exact_match_with_ar == runs["mars@hf"].exact_match_with_ar == 1.0
     assert runs["ar@fast-int8"].outputs == runs["mars@fast-int8"].outputs
+    mixed = BenchConfig(["x"], methods=("ar", "verified_tree", "verified_tree_last:3"), tree_nodes=(2, 5))
+    assert [m for m, _ in _plan(mixed)] == ["ar", "verified_tree:2", "verified_tree:5", "verified_tree_last:3"]
+    with pytest.raises(ValueError, match="unknown methods"):
+        BenchConfig(["x"], methods=("verified_tree:x",))
     with pytest.raises(ValueError, match="unknown backends"):
         BenchConfig(["x"], also_backends=("fast-int4",))
 

@@ -65,7 +65,9 @@ class BenchConfig:
         from mars.core.backends import BACKENDS
         from mars.core.decoding import MAX_TREE_NODES, check_int
 
-        bad = [m for m in self.methods if m not in METHODS]
+        # a tree method may name its own node budget ("verified_tree:4"), beside the shared `tree_nodes`
+        bad = [m for m in self.methods if m not in METHODS and not (
+            m.partition(":")[0] in TREES and m.partition(":")[2].isdigit())]
         if bad:
             raise ValueError(f"unknown methods {bad}; choose from {METHODS}")
         bad = [b for b in self.also_backends if b not in BACKENDS]
@@ -201,6 +203,8 @@ def _plan(cfg: BenchConfig):
             plan += [("mars", t) for t in cfg.taus]
         elif m in TREES:
             plan += [(f"{m}:{n}", cfg.verify_tau) for n in cfg.tree_nodes]
+        elif m.partition(":")[0] in TREES:
+            plan.append((m, cfg.verify_tau))
         elif m in VERIFIED:
             plan.append((m, cfg.verify_tau))
         elif m != "ar":
