@@ -10,7 +10,7 @@
 #    (scripts/gpu_split.sh); converted once to the float32 cache before anything is timed
 # 4. bench, batch 1 then batch 8 (one process each, each under its own time limit): core AR, transformers
 #    generate, MARS tau 0.9 and 0.7, verified (both group settings: the faster is marked) and verified with
-#    both draft sources, on 10 held-out prompts (every kind) x 96 new tokens
+#    both draft sources, and the lossless tree drafts at 16 and 32 nodes, on 10 held-out prompts (every kind) x 96 new tokens
 # 5. training throughput: the gated recipe (README), batch 32, max length 256, 2 minutes
 # 6. the table (method, tokens/s, tokens/pass, vs core AR), the training line, which SDPA kernels can run the
 #    training forward (scripts/sdpa_probe.py), OUT/gpu_check.json
@@ -104,7 +104,7 @@ timeout 120 $PY scripts/sdpa_probe.py --device "$DEVICE" ${MODEL:+--model "$MODE
 # 4. bench: batch 1 and batch 8, each its own process and time limit; SIGINT makes it stop and write what
 #    every method finished side by side (the bench's own interrupt handling)
 BENCH=(-m mars bench --prompts data/prompts/heldout.jsonl --limit "$LIMIT" --spread --max-new-tokens "$NEW"
-       --methods hf,ar,mars,verified,verified_last,verified_both --taus 0.9 0.7 --device "$DEVICE"
+       --methods hf,ar,mars,verified,verified_last,verified_both,verified_tree:16,verified_tree:32 --taus 0.9 0.7 --device "$DEVICE"
        --adapter "$ADAPTER" --threads "$THREADS" "${MODEL_ARGS[@]}")
 for bs in 1 8; do
   limit_s=$BENCH1_S; [ "$bs" = 8 ] && limit_s=$BENCH8_S

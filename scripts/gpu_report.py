@@ -23,7 +23,9 @@ def bench_rows(data: dict) -> list[dict]:
     """One row per (batch size, method): tokens/s, tokens/pass, speed against core AR in the same run."""
     rows = []
     for r in data["runs"]:
-        name = NAMES.get(r["method"], r["method"]).format(tau=r["tau"] if r["tau"] is not None else 0)
+        base, _, nodes = r["method"].partition(":")  # verified_tree:16
+        name = (f"verified tree, {nodes} nodes" if base.startswith("verified_tree") else
+                NAMES.get(r["method"], r["method"]).format(tau=r["tau"] if r["tau"] is not None else 0))
         rows.append({"batch": r["batch_size"], "method": name, "key": r["method"], "tau": r["tau"],
                      "prompts": r["prompts"], "tokens": r["new_tokens"], "tokens_per_s": round(r["tokens_per_s"], 1),
                      "tokens_per_pass": round(r["tokens_per_pass"], 3), "vs_core_ar": round(r["speedup_vs_ar"], 3),

@@ -81,7 +81,8 @@ def test_gpu_check_smoke_runs_every_step_on_the_cpu(tiny_dir, tmp_path):
     assert report["missing"] == []
     got = {(x["batch"], x["method"]) for x in report["bench"]}
     methods = ["core AR", "transformers generate", "MARS tau 0.9", "MARS tau 0.7", "verified (a group per outcome)",
-               "verified (one group, last)", "verified, both draft sources"]
+               "verified (one group, last)", "verified, both draft sources", "verified tree, 16 nodes",
+               "verified tree, 32 nodes"]
     assert got == {(bs, m) for bs in (1, 8) for m in methods}
     assert all(x["prompts"] == 2 and x["tokens"] > 0 for x in report["bench"])
     assert all(x["exact_vs_ar"] == 1.0 for x in report["bench"] if x["method"].startswith("verified"))  # lossless
