@@ -110,7 +110,10 @@ def ar_of(lm, ids, n):
 @pytest.mark.parametrize("arch,backend,nodes,groups,B", [
     ("llama", "hf", 1, "all", 4), ("qwen2", "fast", 1, "last", 4), ("llama", "fast", 3, "last", 4),
     ("qwen2", "hf", 8, "all", 3), ("llama", "fast", 16, "all", 4), ("qwen2", "fast", 16, "last", 4),
-    ("llama", "hf", 64, "last", 2), ("qwen2", "hf", 64, "all", 4), ("llama", "fast", 64, "all", 4)])
+    ("llama", "hf", 64, "last", 2), ("qwen2", "hf", 64, "all", 4), ("llama", "fast", 64, "all", 4),
+    # the GPU's fixed-shape path (mars.core.static), run on the CPU without graphs: a tree's width varies
+    # pass by pass, so its buckets and padded columns are exercised too
+    ("llama", "static", 8, "all", 4), ("qwen2", "static", 16, "last", 4)])
 def test_tree_reproduces_ar_greedy_alone_batched_and_uncached(tiny_lm, tiny_qwen, arch, backend, nodes, groups, B):
     lm = tiny_lm if arch == "llama" else tiny_qwen
     ids = [encode_prompt(lm.tokenizer, p) for p in PROMPTS + REPEAT_PROMPTS[:1]]
