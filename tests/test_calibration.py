@@ -41,10 +41,12 @@ def test_confidence_uses_calibrated_logits_but_the_token_does_not_move():
 
 class _Row:
     drafts, draft_conf = [], []
+    tokens: list = []  # the text so far: the repeat guard reads it
 
 
 def test_modes_apply_the_temperatures():
-    cfg = DecodeConfig(mode="mars", block_size=4, tau=0.5)
+    # the drafts here repeat one token ([1, 2, 2, 2]): the repeat guard would stop them; this is about calibration
+    cfg = DecodeConfig(mode="mars", block_size=4, tau=0.5, repeat_tau=None)
     V = 10
     main = torch.full((1, V), -5.0)
     main[0, 1] = 5.0

@@ -94,6 +94,14 @@ def test_bf16_weights_are_close_not_exact():
 AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}  # e.g. an AMD EPYC before Zen 4
 
 
+def test_cpu_flags_can_be_forced_for_an_avx2_only_run(monkeypatch):
+    monkeypatch.setenv("MARS_CPU_FLAGS", "avx, avx2 fma")
+    assert fastpath.cpu_flags() == {"avx", "avx2", "fma"}
+    assert "AVX2 only" in fastpath.bf16_unsupported_reason()
+    monkeypatch.setenv("MARS_CPU_FLAGS", "")
+    assert fastpath.cpu_flags() != {"avx", "avx2", "fma"}  # unset: this machine's own (a real CPU lists far more)
+
+
 def test_bf16_support_follows_the_cpu_flags():
     assert fastpath.bf16_unsupported_reason(AVX2_ONLY | {"avx512f"}) is not None  # avx512f alone is not enough
     assert "fast" in fastpath.bf16_unsupported_reason(AVX2_ONLY)  # the message names what to use instead

@@ -21,7 +21,7 @@ import app as app_module
 from conftest import CHROMIUM, serve
 from fake_hub import GB, FakeHub
 from mars.app import serving
-from mars.app.inputs import sanitize_text
+from mars.app.inputs import app_backend, sanitize_text
 from mars.app.policy import Policy
 from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 from tiny import make_loaded, save_tiny
@@ -239,7 +239,8 @@ def test_the_operator_token_over_the_api(operated):
 
 def alone(lm, prompt, tau, max_new):
     ids = encode_prompt(lm.tokenizer, sanitize_text(prompt))
-    return generate_ids(lm, [ids], DecodeConfig(mode="mars", tau=tau, max_new_tokens=max_new, block_size=4))[0].text
+    cfg = DecodeConfig(mode="mars", tau=tau, max_new_tokens=max_new, block_size=4, backend=app_backend())  # the app's
+    return generate_ids(lm, [ids], cfg)[0].text
 
 
 def flood(url, clients: int, max_new: int, deadline_s: float) -> dict:
