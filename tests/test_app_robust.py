@@ -590,6 +590,9 @@ def test_the_app_runs_int8_by_default_and_says_so(lm, monkeypatch):
     assert make_config("mars", 0.9, 4, 8).backend == "auto"
     _, table, *_ = ui.model_info()
     assert "fast: float32" in table
+    monkeypatch.setenv("MARS_BACKEND", "static")  # what `auto` picks on a GPU: the panel names it too
+    _, table, *_ = ui.model_info()
+    assert "static: fixed shapes" in table
     monkeypatch.setenv("MARS_BACKEND", "turbo")
     with pytest.raises(ValueError, match="MARS_BACKEND"):
         make_config("mars", 0.9, 4, 8)

@@ -50,6 +50,7 @@ BACKEND_LABELS = {  # the Model panel's words for what runs the model
     "fast-int8": "int8 matrices (fast path): the lossless modes give exactly this int8 model's greedy text",
     "fast": "float32 matrices (fast path)",
     "fast-bf16": "bfloat16 matrices (fast path): the lossless modes give exactly this model's greedy text",
+    "static": "fixed shapes replayed as CUDA graphs (mars.core.static), the default off the CPU",
     "hf": "transformers",
 }
 
