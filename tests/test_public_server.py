@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 import app as app_module
-from conftest import CHROMIUM, serve
+from conftest import serve
 from fake_hub import GB, FakeHub
 from mars.app import serving
 from mars.app.inputs import app_backend, sanitize_text
@@ -142,21 +142,6 @@ def serving_answer(url, prompt="what is the capital of france ?", tau=0.9, max_n
     from gradio_client import Client
 
     return Client(url, verbose=False).predict(prompt, tau, 4, max_new, api_name="/generate")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from pathlib import Path
-
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    from conftest import CHROMIUM_ARGS
-
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 def model_tab(browser, url):
