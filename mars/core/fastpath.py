@@ -302,12 +302,15 @@ class FastLM:
         """
         need = int(positions.max()) + 1
         if need > self._cos.shape[0]:
-            n = max(need, 2 * self._cos.shape[0], 1024)
-            probe = torch.empty(1, dtype=self.dtype, device=self.device)
-            cos, sin = self._rotary(probe, torch.arange(n, device=self.device)[None])  # (1, n, hd) each
-            half = self.head_dim // 2
-            self._cos, self._sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+            self._cos, self._sin = self.rope_table(max(need, 2 * self._cos.shape[0], 1024))
         return self._cos[positions].unsqueeze(2), self._sin[positions].unsqueeze(2)
+
+    def rope_table(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (n, head_dim) for positions 0..n-1, sin with its first half negated (see `_rope`)."""
+        probe = torch.empty(1, dtype=self.dtype, device=self.device)
+        cos, sin = self._rotary(probe, torch.arange(n, device=self.device)[None])  # (1, n, hd) each
+        half = self.head_dim // 2
+        return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: torch.Tensor,

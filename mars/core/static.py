@@ -122,11 +122,8 @@ class StaticLM:
         self.device = f.device
         self.graphs_on = self.device.type == "cuda"
         limit = getattr(model.config, "max_position_embeddings", None) or 32768
-        with torch.inference_mode():  # the rotary table, once for the whole context (FastLM._rope's layout)
-            probe = torch.empty(1, dtype=f.dtype, device=f.device)
-            cos, sin = f._rotary(probe, torch.arange(limit, device=f.device)[None])  # (1, n, hd) each
-            half = f.head_dim // 2
-            self.cos, self.sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+        with torch.inference_mode():  # the rotary table, once for the whole context
+            self.cos, self.sin = f.rope_table(limit)
         self.max_positions = limit
         self.mask_token_id = f.gated.mask_token_id if f.gated is not None else None
         if compile_step is None:
