@@ -141,11 +141,9 @@ class _Linear:
                           for m in mods]
         self.packed = self.bias = None
         if pack:
-            w = torch.cat([m.weight.detach() for m in mods]).to(dtype).contiguous()
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w, 4)  # (out, in) reordered for few rows
-            if any(m.bias is not None for m in mods):
-                self.bias = torch.cat([m.bias.detach() if m.bias is not None else w.new_zeros(m.weight.shape[0])
-                                       for m in mods]).to(dtype)
+            w, bias = _fuse(mods)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous(), 4)  # reordered for few rows
+            self.bias = None if bias is None else bias.to(dtype)
 
     def __call__(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
         """gate: None, or (b, W, 1) in x's dtype, 1 at the rows the gated adapter acts at, 0 elsewhere.
