@@ -339,13 +339,14 @@ def cmd_bench(args) -> int:
         from mars.evaluation.plots import bench_html, bench_png
 
         data = to_json(lm, cfg, runs, kinds)
+        data["failed"] = status.get("failed", {})
         out = Path(args.out)
         out.write_text(json.dumps(data, indent=2))
         if any(r["method"] == "mars" for r in data["runs"]):
             bench_png(data, out.with_suffix(".png"))
             bench_html(data, out.with_suffix(".html"))
         print(f"wrote {out} and its plots", file=sys.stderr)
-    return 130 if status["interrupted"] else 0
+    return 130 if status["interrupted"] else (1 if status.get("failed") else 0)
 
 
 def cmd_generate(args) -> int:

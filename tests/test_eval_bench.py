@@ -112,11 +112,47 @@ def test_bench_interrupted_keeps_whole_batches(tiny_lm):
 
     status = {}
     runs = run_bench(tiny_lm, cfg, progress=progress, status=status)
-    assert status == {"interrupted": True, "finished": {1: 1}, "total": 3}
+    assert status == {"interrupted": True, "finished": {1: 1}, "total": 3, "failed": {}}
     assert [(r.method, r.batch_size, r.prompts) for r in runs] == [("ar", 1, 1), ("mars", 1, 1)]
     assert all(r.interrupted and len(r.row_passes) == 1 for r in runs)
     with pytest.raises(KeyboardInterrupt):  # nothing finished: nothing to report
         run_bench(tiny_lm, cfg, progress=lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+
+def test_bench_drops_a_method_that_raises_and_keeps_the_others(tiny_lm, monkeypatch, capsys):
+    """One broken method (on a GPU: a graph capture, say) costs its own row only, whether it fails in the
+    warm-up or in a later batch; the others stay side by side and AR, the baseline, is never dropped."""
+    import mars.evaluation.bench as bench
+
+    real = bench._run_on_the_core
+    seen = {"verified_both": 0}
+
+    def flaky(lm, batch, method, tau, *rest):
+        if method == "mars" and tau == 0.5:
+            raise RuntimeError("graph capture failed")
+        if method == "verified_both":
+            seen[method] += 1
+            if seen[method] == 3:  # warm-up, batch 1, then fails on batch 2
+                raise RuntimeError("late failure")
+        return real(lm, batch, method, tau, *rest)
+
+    monkeypatch.setattr(bench, "_run_on_the_core", flaky)
+    cfg = BenchConfig(["tell me a word", "add 2 + 3", "name a colour"], methods=("ar", "mars", "verified_both"),
+                      taus=(1.0, 0.5), max_new_tokens=6)
+    status = {}
+    runs = run_bench(tiny_lm, cfg, status=status)
+    assert [(r.method, r.tau, r.prompts) for r in runs] == [("ar", None, 3), ("mars", 1.0, 3)]
+    assert runs[1].exact_match_with_ar == 1.0 and len(runs[1].row_passes) == 3
+    assert set(status["failed"]) == {"mars tau 0.5", "verified_both tau 0.0"}
+    assert "graph capture failed" in status["failed"]["mars tau 0.5"]
+    assert "error: method mars tau 0.5 failed" in capsys.readouterr().err
+
+    def broken_ar(lm, batch, method, *rest):
+        raise RuntimeError("no baseline")
+
+    monkeypatch.setattr(bench, "_run_on_the_core", broken_ar)
+    with pytest.raises(RuntimeError, match="no baseline"):
+        run_bench(tiny_lm, cfg)
 
 
 def test_compare_rows_counts_wins_per_kind():

@@ -214,13 +214,29 @@ def _plan(cfg: BenchConfig):
     return plan
 
 
+def _drop(plan: list, key: tuple, err: Exception, status: dict | None, failed: dict):
+    """Take a method that raised out of the run (AR, the baseline, cannot be dropped): its error is reported
+    on stderr and in `status["failed"]`, and every other method goes on."""
+    if key == ("ar", None):
+        raise err
+    import sys
+    import traceback
+
+    name = key[0] if key[1] is None else f"{key[0]} tau {key[1]}"
+    failed[name] = f"{type(err).__name__}: {err}"
+    print(f"error: method {name} failed and was dropped from this run: {failed[name]}", file=sys.stderr)
+    traceback.print_exception(err, file=sys.stderr)
+    plan.remove(key)
+
+
 def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -> list[Run]:
     """Time every (method, tau) on every batch of prompts.
 
     Ctrl-C stops it early: it returns what every method finished side by side (whole batches), and fills
     `status` (when given) with {"interrupted": bool, "finished": {batch size: prompts done}}.
 
-    Methods are interleaved batch by batch (all methods on batch 1, then all on batch 2, ...), so a
+    A method that raises is dropped from the run (with its partial figures), named in `status["failed"]`
+    and on stderr; the others go on. Methods are interleaved batch by batch (all methods on batch 1, then all on batch 2, ...), so a
     background load on the machine falls on all of them alike and the ratios stay fair.
     """
     from mars.core.decoding import encode_prompt
@@ -229,8 +245,9 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
     block = cfg.block_size or lm.default_block_size
     ids = [encode_prompt(lm.tokenizer, p) for p in cfg.prompts]
     runs: list[Run] = []
+    failed: dict[str, str] = {}
     if status is not None:
-        status.update(interrupted=False, finished={}, total=len(ids))
+        status.update(interrupted=False, finished={}, total=len(ids), failed=failed)
     for bs in cfg.batch_sizes:
         batches = [ids[i:i + bs] for i in range(0, len(ids), bs)]
         plan = [(m, t) for m, t in _plan(cfg) if not (m == "lookup" and bs > 1)]  # assisted decoding: batch 1 only
@@ -244,8 +261,11 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         # warm-up; off the CPU with the whole first batch: the static backend captures a CUDA graph per
         # (batch, width) on first use, which must not land inside the timed runs
         warm = batches[0] if next(lm.model.parameters()).device.type != "cpu" else batches[0][:1]
-        for method, tau in plan:
-            call(method, tau, warm)
+        for key in list(plan):
+            try:
+                call(*key, warm)
+            except Exception as e:  # noqa: BLE001 - one broken method must not cost the others' figures
+                _drop(plan, key, e, status, failed)
         outputs = {key: [] for key in plan}
         forwards = {key: [] for key in plan}
         wall = {key: 0.0 for key in plan}
@@ -255,9 +275,15 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
         try:
             for batch in batches:
                 done = {}
-                for key in plan:
+                for key in list(plan):
                     t0 = time.perf_counter()
-                    done[key] = call(*key, batch), time.perf_counter() - t0
+                    try:
+                        done[key] = call(*key, batch), time.perf_counter() - t0
+                    except Exception as e:  # noqa: BLE001 - dropped from every batch, so the rest stay side by side
+                        _drop(plan, key, e, status, failed)
+                        for done_key in (outputs, forwards, wall, totals, batch_wall):
+                            done_key.pop(key, None)
+                        continue
                     if progress:
                         progress(*key, bs)
                 # counted only once every method has run this batch, so an interrupted run stays side by side
