@@ -342,10 +342,14 @@ def cmd_bench(args) -> int:
         data["failed"] = status.get("failed", {})
         out = Path(args.out)
         out.write_text(json.dumps(data, indent=2))
+        plots = " and its plots"
         if any(r["method"] == "mars" for r in data["runs"]):
-            bench_png(data, out.with_suffix(".png"))
-            bench_html(data, out.with_suffix(".html"))
-        print(f"wrote {out} and its plots", file=sys.stderr)
+            try:
+                bench_png(data, out.with_suffix(".png"))
+                bench_html(data, out.with_suffix(".html"))
+            except ImportError as e:  # a machine without matplotlib/plotly (a bare GPU image): the figures stand
+                plots = f" (no plots: {e})"
+        print(f"wrote {out}{plots}", file=sys.stderr)
     return 130 if status["interrupted"] else (1 if status.get("failed") else 0)
 
 

@@ -80,13 +80,14 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
     models = model if isinstance(model, dict) else {"": model}
     g = torch.Generator().manual_seed(seed)
     vocab = next(iter(models.values())).config.vocab_size
-    prompt = torch.randint(100, vocab, (1, prompt_len), generator=g)
+    device = next(next(iter(models.values())).parameters()).device
+    prompt = torch.randint(100, vocab, (1, prompt_len), generator=g).to(device)
     runs = {}
     for suffix, m in models.items():
         for name in backends:
             be = make(m, name, prompt_len + max(widths) + 1)
-            causal = torch.tril(torch.ones(prompt_len, prompt_len, dtype=torch.bool))[None]
-            be.forward(prompt, torch.arange(prompt_len)[None], causal, [prompt_len - 1])
+            causal = torch.tril(torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device))[None]
+            be.forward(prompt, torch.arange(prompt_len, device=device)[None], causal, [prompt_len - 1])
             runs[name + suffix] = be
     backends = list(runs)
     inputs = {}
@@ -97,6 +98,7 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
         pos = torch.arange(prompt_len, prompt_len + W)[None]
         allowed = torch.ones(1, W, prompt_len + W, dtype=torch.bool)
         allowed[0, :, prompt_len:] = torch.tril(torch.ones(W, W, dtype=torch.bool))
+        ids, pos, allowed = ids.to(device), pos.to(device), allowed.to(device)
         inputs[W] = (ids, pos, allowed, list(range(W)))
     times = {(n, W): [] for n in backends for W in widths}
     for r in range(rounds + 1):  # round 0 warms up every kernel
@@ -139,12 +141,13 @@ def format_table(result: dict, widths: list[int]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="Hub id or folder (default: the embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default=None, help="default: float32 on the CPU, bfloat16 on CUDA")
     ap.add_argument("--backends", nargs="+", default=["hf", "fast", "fast-bf16"])
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or auto (on a GPU: --backends static fast hf)")
     ap.add_argument("--adapter", default=None,
                     help="also run every backend on the model with this adapter (merged, or gated: kept apart), "
                          "named <backend>+adapter, interleaved with the bare model's")
@@ -155,10 +158,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     from mars.models.loading import load
 
-    lm = load(args.model, adapter="none", dtype=args.dtype)
+    lm = load(args.model, adapter="none", dtype=args.dtype, device=args.device)
     models = {"": lm.model}
     if args.adapter:
-        with_adapter = load(args.model, adapter=args.adapter, dtype=args.dtype)
+        with_adapter = load(args.model, adapter=args.adapter, dtype=args.dtype, device=args.device)
         models["+adapter" + (" (gated)" if with_adapter.gated else "")] = with_adapter.model
     result = measure(models, args.backends, args.widths, args.rounds, args.prompt_len,
                      mask_id=lm.mask_token_id if args.masks else None)
