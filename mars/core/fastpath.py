@@ -151,11 +151,29 @@ class _Linear:
         way than gathering and scattering the gated ones, and a real row gets exactly + 0. Folding A into the
         packed matrix as extra output rows was measured slower (a 5-row pass's matmuls: 1.44x the bare ones
         folded, 1.20x as here), so A runs as its own small matmul."""
-        y = self._base(x)
+        return self._delta(self._base(x), x, gate)
+
+    def _delta(self, y: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """y + the gated adapter's delta of input x at the gated rows (y unchanged without one)."""
         if self.lora is not None and gate is not None:
             a, b = self.lora
             y.addcmul_((x @ a.T) @ b.T, gate)
         return y
+
+    # The layer's steps around a matrix, as methods so that the int8 matrices (mars.core.quant) can fuse them
+    # into their input's quantization and output's rescale; here they are the plain ops.
+    def normed(self, x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None):
+        """self(RMSNorm(x) * weight, gate)."""
+        return self(_rms_norm(x, weight, eps), gate)
+
+    def add_to(self, res: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """res + self(x, gate): the residual stream's update."""
+        return res + self(x, gate)
+
+    def add_silu_to(self, res: torch.Tensor, gu: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """res + self(silu(g) * u, gate) for gu = [g | u] (the MLP's gate and up halves): its down projection."""
+        g, u = gu.chunk(2, dim=-1)
+        return self.add_to(res, F.silu(g) * u, gate)
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
@@ -335,8 +353,7 @@ class FastLM:
             g = is_mask.unsqueeze(-1).to(self.dtype) if bool(is_mask.any()) else None
         x = F.embedding(ids, self.embed)  # (b, W, D)
         for i, L in enumerate(self.layers):
-            h = _rms_norm(x, L.ln1, L.eps1)
-            qkv = L.qkv(h, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
+            qkv = L.qkv.normed(x, L.ln1, L.eps1, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
             qk = qkv[:, :, : H + KV]
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotary on q and k at once
             ks, vs = cache.k[i], cache.v[i]  # (b, KV, capacity, hd)
@@ -345,13 +362,10 @@ class FastLM:
             q = qk[:, :, :H].transpose(1, 2)  # (b, H, W, hd)
             att = F.scaled_dot_product_attention(q, ks[:, :, : C + W], vs[:, :, : C + W], attn_mask=mask,
                                                  enable_gqa=True)  # (b, H, W, hd)
-            x = x + L.o(att.transpose(1, 2).reshape(b, W, H * hd), g)
-            h = _rms_norm(x, L.ln2, L.eps2)
-            gate, up = L.gate_up(h, g).chunk(2, dim=-1)
-            x = x + L.down(F.silu(gate) * up, g)
+            x = L.o.add_to(x, att.transpose(1, 2).reshape(b, W, H * hd), g)
+            x = L.down.add_silu_to(x, L.gate_up.normed(x, L.ln2, L.eps2, g), g)
         cache.length = C + W
-        x = _rms_norm(x[:, keep], self.norm, self.norm_eps)  # (b, K, D): only the rows asked for
-        return self.head(x)
+        return self.head.normed(x[:, keep], self.norm, self.norm_eps)  # (b, K, V): only the rows asked for
 
 
 _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
