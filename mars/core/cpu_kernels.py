@@ -51,15 +51,16 @@ static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *
     return amax / 127.0f;
 }
 
-/* Rows of x (n x k, row stride ldx) -> out (2n x k) = [rows ; their residuals], sx (n). */
-void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t *out, float *sx) {
-    for (int64_t i = 0; i < n; i++) sx[i] = quant_row(x + i * ldx, k, out + i * k, out + (n + i) * k);
+/* Rows of x (n x k, row stride ldx) -> out (2n x ldo) = [rows ; their residuals], sx (n). Columns k..ldo of
+   out are left as they are (the product's zero-padded weights ignore them). */
+void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t *out, int64_t ldo, float *sx) {
+    for (int64_t i = 0; i < n; i++) sx[i] = quant_row(x + i * ldx, k, out + i * ldo, out + (n + i) * ldo);
 }
 
 /* RMSNorm then quantize: h = x * (1 / sqrt(mean(x^2) + eps)) * w (written to h, n x k: the gated adapter's
    deltas read it), then h's rows as mars_quant_rows2. The mean is summed in double. */
 void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const float *w, float eps, float *h,
-                        uint8_t *out, float *sx) {
+                        uint8_t *out, int64_t ldo, float *sx) {
     for (int64_t i = 0; i < n; i++) {
         const float *row = x + i * ldx;
         double ss = 0.0;
@@ -67,18 +68,19 @@ void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const
         const float r = 1.0f / sqrtf((float)(ss / (double)k) + eps);
         float *hr = h + i * k;
         for (int64_t j = 0; j < k; j++) hr[j] = row[j] * r * w[j];
-        sx[i] = quant_row(hr, k, out + i * k, out + (n + i) * k);
+        sx[i] = quant_row(hr, k, out + i * ldo, out + (n + i) * ldo);
     }
 }
 
 /* The MLP's activation then quantize: gu (n x 2k, row stride ld) = [gate | up]; a = silu(gate) * up
    (written to a, n x k), then a's rows as mars_quant_rows2. */
-void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, float *a, uint8_t *out, float *sx) {
+void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, float *a, uint8_t *out, int64_t ldo,
+                         float *sx) {
     for (int64_t i = 0; i < n; i++) {
         const float *g = gu + i * ld, *u = g + k;
         float *ar = a + i * k;
         for (int64_t j = 0; j < k; j++) ar[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
-        sx[i] = quant_row(ar, k, out + i * k, out + (n + i) * k);
+        sx[i] = quant_row(ar, k, out + i * ldo, out + (n + i) * ldo);
     }
 }
 
@@ -98,6 +100,105 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
             const float *rr = res + i * ldr;
             for (int64_t o = 0; o < m; o++) out[o] = rr[o] + out[o];
         }
+    }
+}
+
+/* The integer product for a few rows, fused with the rescale: y (n x m) from x (2n x kp) uint8 rows
+   [values ; residuals] + 128 and the 7-bit int8 weights (|w| <= 64) in blocks of OB output channels:
+   w[blk][t][c][q] = W[blk * OB + c, 4 t + q] (kp a multiple of 64, m of OB, zero-padded), so that one
+   instruction multiplies 4 bytes of a row (broadcast) by 4 bytes of OB channels at once, with no
+   horizontal sums:
+     sum_r[o] = sum_j (x[r, j] - 128) * W[o, j] = sum_j x[r, j] * W[o, j] - 128 * wsum[o]      (exact int32)
+     y[i, o]  = (sum_i + sum_{n+i} * (1/254)) * sx[i] * sw[o] (+ bias[o]) (+ res[i, o])      (as combine)
+   AVX-512 VNNI: vpdpbusd, OB = 16; AVX2: vpmaddubsw (u8 x s8 pair sums: 2 * 255 * 64 < 2^15, no saturation)
+   then vpmaddwd, OB = 8; otherwise plain C, OB = 8. Blocks are split across OpenMP threads (torch's own
+   pool: the library loads after torch, and libgomp is found by its soname). */
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+#include <string.h>
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+#define OB 16
+#else
+#define OB 8
+#endif
+#define MAXROWS 16
+
+int mars_block(void) { return OB; }
+
+/* sums s[r][c] (r < rows <= 4) of rows x + r * kp against one block of channels */
+static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const int8_t *wb, int32_t s[][OB]) {
+    const int64_t T = kp / 4;
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+    /* two sets of accumulators (even and odd t): vpdpbusd's latency is ~5 cycles, so 4 dependent chains
+       would leave its ports idle; 8 keep them busy (measured: a 5-wide pass's products 1.6x -> 1.4x a 1-wide) */
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t t = 0; t < T; t += 2) {  /* T = kp / 4 is a multiple of 16 */
+        const __m512i w = _mm512_loadu_si512((const void *)(wb + t * OB * 4));
+        const __m512i u = _mm512_loadu_si512((const void *)(wb + (t + 1) * OB * 4));
+        int32_t v, z;
+#define STEP(A, B, R) memcpy(&v, x + (R) * kp + 4 * t, 4); memcpy(&z, x + (R) * kp + 4 * t + 4, 4); \
+        A = _mm512_dpbusd_epi32(A, _mm512_set1_epi32(v), w); B = _mm512_dpbusd_epi32(B, _mm512_set1_epi32(z), u);
+        STEP(a0, b0, 0)
+        if (rows > 1) { STEP(a1, b1, 1) }
+        if (rows > 2) { STEP(a2, b2, 2) }
+        if (rows > 3) { STEP(a3, b3, 3) }
+#undef STEP
+    }
+    _mm512_storeu_si512((void *)s[0], _mm512_add_epi32(a0, b0));
+    if (rows > 1) _mm512_storeu_si512((void *)s[1], _mm512_add_epi32(a1, b1));
+    if (rows > 2) _mm512_storeu_si512((void *)s[2], _mm512_add_epi32(a2, b2));
+    if (rows > 3) _mm512_storeu_si512((void *)s[3], _mm512_add_epi32(a3, b3));
+#elif defined(__AVX2__)
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t t = 0; t < T; t++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(wb + t * OB * 4));
+        int32_t v;
+#define STEP(A, R) memcpy(&v, x + (R) * kp + 4 * t, 4); \
+        A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(v), w), ones));
+        STEP(a0, 0)
+        if (rows > 1) { STEP(a1, 1) }
+        if (rows > 2) { STEP(a2, 2) }
+        if (rows > 3) { STEP(a3, 3) }
+#undef STEP
+    }
+    _mm256_storeu_si256((__m256i *)s[0], a0);
+    if (rows > 1) _mm256_storeu_si256((__m256i *)s[1], a1);
+    if (rows > 2) _mm256_storeu_si256((__m256i *)s[2], a2);
+    if (rows > 3) _mm256_storeu_si256((__m256i *)s[3], a3);
+#else
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < OB; c++) {
+            int32_t acc = 0;
+            for (int64_t t = 0; t < T; t++)
+                for (int q = 0; q < 4; q++) acc += (int32_t)x[r * kp + 4 * t + q] * (int32_t)wb[(t * OB + c) * 4 + q];
+            s[r][c] = acc;
+        }
+#endif
+}
+
+/* n <= MAXROWS / 2 rows; m: the real channels (the blocked weights may hold padding channels past m) */
+void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
+                     const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y) {
+    const float alpha = (float)(1.0 / 254.0);
+    const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
+    #pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int32_t s[MAXROWS][OB];
+        const int8_t *wb = w + blk * kp * OB;
+        for (int64_t r0 = 0; r0 < rows; r0 += 4)
+            block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
+        const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t o = o0; o < o1; o++) {
+                const int32_t off = 128 * wsum[o];
+                const float q = (float)(s[i][o - o0] - off), r = (float)(s[n + i][o - o0] - off);
+                float v = fmaf(r, alpha, q) * sx[i] * sw[o];
+                if (bias) v += bias[o];
+                if (res) v = res[i * ldr + o] + v;
+                y[i * m + o] = v;
+            }
     }
 }
 """
@@ -122,13 +223,21 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None, "no C compiler (cc/gcc) on PATH"
-    flags = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", *_arch_flags()]
+    base = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", *_arch_flags()]
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} does not run: {e}"
-    key = hashlib.sha256("\0".join([SOURCE, *flags, version]).encode()).hexdigest()[:16]
-    lib = _cache_dir() / f"mars_int8_{key}.so"
+    for flags in (base + ["-fopenmp"], base):  # without OpenMP (a compiler that lacks it): one thread
+        key = hashlib.sha256("\0".join([SOURCE, *flags, version]).encode()).hexdigest()[:16]
+        lib = _cache_dir() / f"mars_int8_{key}.so"
+        so, why = _compile(cc, flags, lib)
+        if so is not None:
+            return so, ""
+    return None, why
+
+
+def _compile(cc: str, flags: list[str], lib: Path) -> tuple[ctypes.CDLL | None, str]:
     if not lib.exists():
         try:
             lib.parent.mkdir(parents=True, exist_ok=True)
@@ -148,14 +257,18 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     except OSError as e:
         return None, f"could not load {lib}: {e}"
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    so.mars_quant_rows2.argtypes = [ptr, i64, i64, i64, ptr, ptr]
+    so.mars_quant_rows2.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr]
     so.mars_quant_rows2.restype = None
     so.mars_combine_rows2.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr]
     so.mars_combine_rows2.restype = None
-    so.mars_rmsnorm_quant.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, ptr, ptr]
+    so.mars_rmsnorm_quant.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, ptr, i64, ptr]
     so.mars_rmsnorm_quant.restype = None
-    so.mars_silu_mul_quant.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr]
+    so.mars_silu_mul_quant.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, ptr]
     so.mars_silu_mul_quant.restype = None
+    so.mars_gemv_rows2.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr]
+    so.mars_gemv_rows2.restype = None
+    so.mars_block.argtypes = []
+    so.mars_block.restype = ctypes.c_int
     return so, ""
 
 
@@ -176,35 +289,74 @@ def unavailable_reason() -> str | None:
     return None if kernels() is not None else _STATE.get("why")
 
 
-def quant_rows2(lib, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (n, k) float32, rows contiguous -> ((2n, k) uint8 [q + 128 ; r + 128], sx (n,)): see SOURCE."""
+PAD = 64  # the C product reads rows of a multiple of 64 bytes (one AVX-512 register)
+
+
+def padded(k: int) -> int:
+    """The row length the C product reads: k rounded up to a multiple of PAD (zero-padded weights)."""
+    return -(-k // PAD) * PAD
+
+
+def quant_rows2(lib, x: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (n, k) float32, last dimension contiguous -> ((2n, kp) uint8 [q + 128 ; r + 128], sx (n,)): see SOURCE."""
     n, k = x.shape
-    out = torch.empty(2 * n, k, dtype=torch.uint8)
+    kp = kp or k
+    out = torch.empty(2 * n, kp, dtype=torch.uint8)
     sx = torch.empty(n)
-    lib.mars_quant_rows2(x.data_ptr(), n, k, x.stride(0), out.data_ptr(), sx.data_ptr())
+    lib.mars_quant_rows2(x.data_ptr(), n, k, x.stride(0), out.data_ptr(), kp, sx.data_ptr())
     return out, sx
 
 
-def rmsnorm_quant(lib, x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x (n, k) float32, last dimension contiguous -> (h = RMSNorm(x) * w (n, k), its rows quantized (2n, k)
+def rmsnorm_quant(lib, x: torch.Tensor, w: torch.Tensor, eps: float, kp: int | None = None):
+    """x (n, k) float32, last dimension contiguous -> (h = RMSNorm(x) * w (n, k), its rows quantized (2n, kp)
     uint8, sx (n,)): see SOURCE."""
     n, k = x.shape
+    kp = kp or k
     h = torch.empty(n, k)
-    out = torch.empty(2 * n, k, dtype=torch.uint8)
+    out = torch.empty(2 * n, kp, dtype=torch.uint8)
     sx = torch.empty(n)
-    lib.mars_rmsnorm_quant(x.data_ptr(), n, k, x.stride(0), w.data_ptr(), eps, h.data_ptr(), out.data_ptr(),
+    lib.mars_rmsnorm_quant(x.data_ptr(), n, k, x.stride(0), w.data_ptr(), eps, h.data_ptr(), out.data_ptr(), kp,
                            sx.data_ptr())
     return h, out, sx
 
 
-def silu_mul_quant(lib, gu: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """gu (n, 2k) = [gate | up] float32 -> (a = silu(gate) * up (n, k), its rows quantized (2n, k) uint8, sx)."""
+def silu_mul_quant(lib, gu: torch.Tensor, kp: int | None = None):
+    """gu (n, 2k) = [gate | up] float32 -> (a = silu(gate) * up (n, k), its rows quantized (2n, kp) uint8, sx)."""
     n, k = gu.shape[0], gu.shape[1] // 2
+    kp = kp or k
     a = torch.empty(n, k)
-    out = torch.empty(2 * n, k, dtype=torch.uint8)
+    out = torch.empty(2 * n, kp, dtype=torch.uint8)
     sx = torch.empty(n)
-    lib.mars_silu_mul_quant(gu.data_ptr(), n, k, gu.stride(0), a.data_ptr(), out.data_ptr(), sx.data_ptr())
+    lib.mars_silu_mul_quant(gu.data_ptr(), n, k, gu.stride(0), a.data_ptr(), out.data_ptr(), kp, sx.data_ptr())
     return a, out, sx
+
+
+def block_weights(lib, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 weights (m, k) -> (the C product's blocked copy (see SOURCE), zero-padded; wsum (m,) int32 row sums)."""
+    ob = lib.mars_block()
+    m, k = q.shape
+    mp, kp = -(-m // ob) * ob, padded(k)
+    full = torch.zeros(mp, kp, dtype=torch.int8)
+    full[:m, :k] = q
+    blocked = full.view(mp // ob, ob, kp // 4, 4).permute(0, 2, 1, 3).contiguous()  # [blk][t][c][q]
+    return blocked, q.sum(dim=1, dtype=torch.int32)
+
+
+MAX_C_ROWS = 8  # rows (batch x width) the C product takes at most (MAXROWS / 2 in SOURCE)
+
+
+def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor,
+               bias: torch.Tensor | None, res: torch.Tensor | None = None) -> torch.Tensor:
+    """The product and rescale in one (see SOURCE): xq (2n, kp) uint8 rows (n <= MAX_C_ROWS), w blocked by
+    `block_weights`, wsum (m,), sx (n,), sw (m,), bias (m,) or None, res (n, m) or None -> y (n, m) float32."""
+    n, m = sx.shape[0], wsum.shape[0]
+    if n > MAX_C_ROWS:
+        raise ValueError(f"the C product takes at most {MAX_C_ROWS} rows, got {n}")
+    y = torch.empty(n, m)
+    lib.mars_gemv_rows2(xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, xq.shape[1], sx.data_ptr(), sw.data_ptr(),
+                        None if bias is None else bias.data_ptr(), None if res is None else res.data_ptr(),
+                        0 if res is None else res.stride(0), y.data_ptr())
+    return y
 
 
 def combine_rows2(lib, acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,

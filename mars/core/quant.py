@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from mars.core.cpu_kernels import combine_rows2, kernels, quant_rows2, rmsnorm_quant, silu_mul_quant
+from mars.core.cpu_kernels import (MAX_C_ROWS, block_weights, combine_rows2, gemv_rows2, kernels, padded,
+                                   quant_rows2, rmsnorm_quant, silu_mul_quant)
 from mars.core.fastpath import _Linear, _fuse
 
 WEIGHT_MAX = 64  # |W_q| bound: exact integer products on every x86 ISA (see the module docstring)
@@ -113,6 +114,10 @@ class Int8Linear(_Linear):
             self.qweight_t = qweight.t()
         self.bias32 = None if self.bias is None else self.bias.float().contiguous()
         self._lib = kernels() if dtype == torch.float32 else None  # the C loops run float32 rows only
+        self.in_features = w.shape[1]
+        self.kp = padded(self.in_features) if self._lib is not None else self.in_features
+        if self._lib is not None:  # the C product's copy: blocked by output channels, zero-padded, and row sums
+            self.wblocked, self.wsum = block_weights(self._lib, qweight)
 
     def _sums(self, xq: torch.Tensor) -> torch.Tensor:
         """(2n, in) uint8 rows (value + 128) -> (2n, out) float32 exact integer sums against the weights."""
@@ -130,13 +135,20 @@ class Int8Linear(_Linear):
         return x if x.stride(-1) == 1 else x.contiguous()
 
     def _rescale(self, xq, sx, lead, res=None) -> torch.Tensor:
-        y = combine_rows2(self._lib, self._sums(xq), sx, self.scale32, self.bias32, None if res is None else self._rows(res))
+        """The product of rows xq (2n, kp) and its rescale: by the C product for a few rows (decoding), by
+        oneDNN's for more (a prompt): the same exact integers, the same rescale."""
+        res = None if res is None else self._rows(res)
+        if sx.shape[0] <= MAX_C_ROWS:
+            y = gemv_rows2(self._lib, xq, self.wblocked, self.wsum, sx, self.scale32, self.bias32, res)
+        else:
+            xk = xq if self.kp == self.in_features else xq[:, : self.in_features].contiguous()
+            y = combine_rows2(self._lib, self._sums(xk), sx, self.scale32, self.bias32, res)
         return y.view(*lead, self.out_features)
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         if self._c(x):
-            xq, sx = quant_rows2(self._lib, self._rows(x))  # (2n, in) uint8: [x_q | residual_q] + 128, (n,)
+            xq, sx = quant_rows2(self._lib, self._rows(x), self.kp)  # (2n, in) uint8: [x_q | residual_q] + 128, (n,)
             return self._rescale(xq, sx, lead)
         x = x.reshape(-1, x.shape[-1])
         n = x.shape[0]
@@ -155,20 +167,20 @@ class Int8Linear(_Linear):
         if not self._c(x):
             return super().normed(x, weight, eps, gate)
         lead = x.shape[:-1]
-        h, xq, sx = rmsnorm_quant(self._lib, self._rows(x), weight, eps)
+        h, xq, sx = rmsnorm_quant(self._lib, self._rows(x), weight, eps, self.kp)
         return self._delta(self._rescale(xq, sx, lead), h.view(*lead, -1), gate)
 
     def add_to(self, res, x, gate=None):
         if not self._c(x) or (self.lora is not None and gate is not None):
             return super().add_to(res, x, gate)
-        xq, sx = quant_rows2(self._lib, self._rows(x))
+        xq, sx = quant_rows2(self._lib, self._rows(x), self.kp)
         return self._rescale(xq, sx, x.shape[:-1], res)
 
     def add_silu_to(self, res, gu, gate=None):
         if not self._c(gu):
             return super().add_silu_to(res, gu, gate)
         lead = gu.shape[:-1]
-        a, xq, sx = silu_mul_quant(self._lib, self._rows(gu))
+        a, xq, sx = silu_mul_quant(self._lib, self._rows(gu), self.kp)
         if self.lora is not None and gate is not None:
             return res + self._delta(self._rescale(xq, sx, lead), a.view(*lead, -1), gate)
         return self._rescale(xq, sx, lead, res)
