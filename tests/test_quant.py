@@ -165,7 +165,7 @@ def test_int8_runs_the_same_on_a_cpu_without_vnni():
     """oneDNN capped at AVX2 (no VNNI: 16-bit pair sums that saturate with full-range int8 weights) computes
     the same integers, hence the same text, as this CPU: the Space's AVX2 machines run this very model."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ONEDNN_MAX_CPU_ISA": "AVX2",
-           "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_VERBOSE": "0"}
+           "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_VERBOSE": "0", "MARS_CPU_FLAGS": "avx avx2 fma sse4_2"}
     run = subprocess.run([sys.executable, "-c", AVX2_SCRIPT, json.dumps(PROMPTS)], capture_output=True, text=True,
                          cwd=ROOT, env=env, timeout=300)
     assert run.returncode == 0, run.stderr

@@ -30,8 +30,9 @@ SOURCE = r"""
 #include <stdint.h>
 #include <math.h>
 #include <float.h>
+#include <string.h>
 
-/* One row at ~16 bits as two uint8 rows, as mars.core.quant.quantize_rows2: u = x * (127 / amax(|x|)),
+/* One row at ~16 bits as two uint8 rows, bit for bit as mars.core.quant.quantize_rows2: u = x * (127 / amax(|x|)),
    q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
    in the default mode: half to even, as torch.round. */
 static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *r) {
@@ -40,8 +41,12 @@ static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *
         float a = fabsf(row[j]);
         amax = a > amax ? a : amax;
     }
-    if (amax < FLT_MIN) amax = FLT_MIN;
-    const float inv = 127.0f / amax;
+    if (!(amax >= FLT_MIN)) {  /* a zero row: zeros (127 / FLT_MIN would overflow to inf, and 0 * inf is NaN) */
+        memset(q, 128, (size_t)k);
+        memset(r, 128, (size_t)k);
+        return FLT_MIN / 127.0f;
+    }
+    const float inv = (1.0f / amax) * 127.0f;  /* as torch's 127 / tensor: a reciprocal, then the product */
     for (int64_t j = 0; j < k; j++) {
         float u = row[j] * inv;
         float qf = nearbyintf(u);
@@ -116,7 +121,6 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
-#include <string.h>
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #define OB 16
 #else

@@ -57,7 +57,7 @@ def quantize_rows2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (2n, in), so that one `_int_mm` streams the weights once for both (2 rows cost ~1 row: the pass is
     weight-bound). Returns (stacked int8, s_x (n,))."""
     amax = torch.linalg.vector_norm(x, float("inf"), dim=1).clamp_min_(torch.finfo(x.dtype).tiny)
-    u = x * (ACT_MAX / amax)[:, None]  # in [-127, 127]
+    u = (x * (ACT_MAX / amax)[:, None]).nan_to_num_(0.0)  # in [-127, 127]; a zero row: 0 * inf -> 0
     q = u.round()
     r = (u - q).mul_(RESIDUAL_STEPS).round_()  # |u - q| <= 1/2: r in [-127, 127]
     return torch.cat([q, r]).to(torch.int8), amax / ACT_MAX
@@ -192,7 +192,7 @@ def reference_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None
     rows = []
     for row in x.reshape(-1, x.shape[-1]):
         amax = row.abs().max().clamp_min(torch.finfo(x.dtype).tiny)
-        u = row * (ACT_MAX / amax)
+        u = (row * (ACT_MAX / amax)).nan_to_num(0.0)  # a zero row: 0 * inf -> 0
         q = torch.round(u)
         r = torch.round((u - q) * RESIDUAL_STEPS)
         assert q.abs().max() <= ACT_MAX and r.abs().max() <= ACT_MAX

@@ -1,0 +1,160 @@
+"""mars/core/cpu_kernels.py: the C loops of the int8 path against the tensor ops they replace (the slow,
+obvious versions in mars/core/quant.py), bit for bit where they promise it, and the int8 matrices with and
+without them."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mars.core import cpu_kernels as ck
+from mars.core.quant import Int8Linear, quantize_rows2, quantize_weight, reference_linear
+
+ROOT = Path(__file__).resolve().parent.parent
+lib = ck.kernels()
+needs_c = pytest.mark.skipif(lib is None, reason=f"no C kernels here: {ck.unavailable_reason()}")
+
+
+def rows(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, k, generator=g) * 3
+    x[:, 3 % k] *= 50  # an outlier channel
+    if n > 1:
+        x[1] = 0  # a zero row: no 0/0
+    return x
+
+
+@needs_c
+@pytest.mark.parametrize("n,k", [(1, 576), (5, 96), (3, 19)])
+def test_quantized_rows_equal_the_tensor_ops_bit_for_bit(n, k):
+    x = rows(n, k)
+    ref, ref_sx = quantize_rows2(x)
+    kp = ck.padded(k)
+    got, sx = ck.quant_rows2(lib, x, kp)
+    assert got.shape == (2 * n, kp) and torch.equal(sx, ref_sx)
+    assert torch.equal((got[:, :k] ^ 128).view(torch.int8), ref)
+    w = torch.randn(k) + 1
+    h, hq, hsx = ck.rmsnorm_quant(lib, x, w, 1e-5, kp)
+    torch.testing.assert_close(h, F.rms_norm(x, (k,), w, 1e-5), rtol=2e-6, atol=1e-6)  # the mean summed in double
+    q2, s2 = quantize_rows2(h)  # its rows quantized exactly as the plain ones
+    assert torch.equal((hq[:, :k] ^ 128).view(torch.int8), q2) and torch.equal(hsx, s2)
+    gu = rows(n, 2 * k, seed=1)
+    a, aq, asx = ck.silu_mul_quant(lib, gu, kp)
+    torch.testing.assert_close(a, F.silu(gu[:, :k]) * gu[:, k:], rtol=1e-6, atol=1e-6)
+    q3, s3 = quantize_rows2(a)
+    assert torch.equal((aq[:, :k] ^ 128).view(torch.int8), q3) and torch.equal(asx, s3)
+
+
+@needs_c
+@pytest.mark.parametrize("m,k", [(37, 19), (48, 96), (960, 576), (16, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_c_product_equals_the_integer_product_and_onednns_rescale(m, k, bias):
+    g = torch.Generator().manual_seed(m + k)
+    w = torch.randn(m, k, generator=g)
+    q, sw = quantize_weight(w)
+    b = torch.randn(m, generator=g) if bias else None
+    blocked, wsum = ck.block_weights(lib, q)
+    assert torch.equal(wsum, q.sum(1, dtype=torch.int32))
+    kp = ck.padded(k)
+    for n in range(1, ck.MAX_C_ROWS + 1):
+        x = rows(n, k, seed=n)
+        xq, sx = ck.quant_rows2(lib, x, kp)
+        res = torch.randn(n, m, generator=g)
+        y = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, b, res)
+        exact = ((xq[:, :k].long() - 128) @ q.long().T).float()  # (2n, m) integer sums, exactly
+        torch.testing.assert_close(y, ck.combine_rows2(lib, exact.contiguous(), sx, sw, b, res), rtol=0, atol=0)
+        torch.testing.assert_close(y - res, reference_linear(x, w, b), rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="at most"):
+        xq, sx = ck.quant_rows2(lib, rows(9, k), kp)
+        ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, b)
+
+
+def fused_linear(shapes, seed=0, bias=False):
+    g = torch.Generator().manual_seed(seed)
+    mods = []
+    for o, i in shapes:
+        m = torch.nn.Linear(i, o, bias=bias)
+        with torch.no_grad():
+            m.weight.copy_(torch.randn(o, i, generator=g))
+            if bias:
+                m.bias.copy_(torch.randn(o, generator=g))
+        mods.append(m)
+    return mods
+
+
+@needs_c
+@pytest.mark.parametrize("n", [1, 3, 8, 12])  # 12 rows: oneDNN's product with the C rescale
+def test_int8_matrix_steps_with_and_without_the_c_loops(n):
+    """Every step the layer calls (the matrix, RMSNorm before it, SiLU * up before it, the residual after it)
+    gives the same numbers through the C loops as through the tensor ops, to float rounding."""
+    c = Int8Linear(fused_linear([(40, 64), (24, 64)], bias=True))
+    plain = Int8Linear(fused_linear([(40, 64), (24, 64)], bias=True))
+    plain._lib = None  # the tensor ops (as on a machine without a compiler)
+    x = rows(n, 64)[None]
+    w = torch.rand(64) + 0.5
+    torch.testing.assert_close(c(x), plain(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(c.normed(x, w, 1e-6), plain.normed(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+    res = torch.randn(1, n, 64)
+    torch.testing.assert_close(c.add_to(res, x), res + plain(x), rtol=1e-5, atol=1e-5)
+    down = Int8Linear(fused_linear([(64, 32)]))
+    gu = rows(n, 64, seed=3)[None]
+    ref = res + down(F.silu(gu[..., :32]) * gu[..., 32:])
+    torch.testing.assert_close(down.add_silu_to(res, gu), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_without_a_compiler_the_tensor_ops_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(ck, "_STATE", {})
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("MARS_CACHE", str(tmp_path))
+    assert ck.kernels() is None and "does not run" in ck.unavailable_reason()
+    mods = fused_linear([(40, 64)])
+    lin = Int8Linear(mods)
+    assert lin._lib is None
+    x = rows(2, 64)
+    torch.testing.assert_close(lin(x), reference_linear(x, mods[0].weight.detach()), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("MARS_C_KERNELS", "0")
+    assert ck.kernels() is None and ck.unavailable_reason() == "MARS_C_KERNELS=0"
+
+
+AVX2_SCRIPT = r"""
+import sys, torch
+from mars.core import cpu_kernels as ck
+from mars.core.quant import quantize_weight
+lib = ck.kernels()
+assert lib is not None, ck.unavailable_reason()
+g = torch.Generator().manual_seed(0)
+q, sw = quantize_weight(torch.randn(40, 96, generator=g))
+q[0] = 64; q[1] = -64  # the largest pair sums vpmaddubsw sees
+blocked, wsum = ck.block_weights(lib, q)
+x = torch.randn(6, 96, generator=g) * 7
+xq, sx = ck.quant_rows2(lib, x, ck.padded(96))
+y = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None)
+torch.save({"block": lib.mars_block(), "y": y, "xq": xq}, sys.argv[1])
+"""
+
+
+@needs_c
+def test_the_avx2_build_computes_the_same_numbers(tmp_path):
+    """Built for an AVX2-only CPU (MARS_CPU_FLAGS without avx512f: 8-channel blocks, vpmaddubsw), the product
+    gives the same floats as this CPU's build: exact integers, the same rescale."""
+    out = tmp_path / "avx2.pt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MARS_CPU_FLAGS": "avx avx2 fma sse4_2",
+           "MARS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", AVX2_SCRIPT, str(out)], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=300)
+    assert run.returncode == 0, run.stderr
+    got = torch.load(out)
+    assert got["block"] == 8
+    g = torch.Generator().manual_seed(0)
+    q, sw = quantize_weight(torch.randn(40, 96, generator=g))
+    q[0] = 64
+    q[1] = -64
+    blocked, wsum = ck.block_weights(lib, q)
+    x = torch.randn(6, 96, generator=g) * 7
+    xq, sx = ck.quant_rows2(lib, x, ck.padded(96))
+    assert torch.equal(got["xq"][:, :96], xq[:, :96])  # the padding columns are never read as values
+    assert torch.equal(got["y"], ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None))
