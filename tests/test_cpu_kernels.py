@@ -69,7 +69,7 @@ def test_c_product_equals_the_integer_product_and_onednns_rescale(m, k, bias):
         torch.testing.assert_close(y, ck.combine_rows2(lib, exact.contiguous(), sx, sw, b, res), rtol=0, atol=0)
         torch.testing.assert_close(y - res, reference_linear(x, w, b), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="at most"):
-        xq, sx = ck.quant_rows2(lib, rows(9, k), kp)
+        xq, sx = ck.quant_rows2(lib, rows(ck.MAX_C_ROWS + 1, k), kp)
         ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, b)
 
 
@@ -87,7 +87,7 @@ def fused_linear(shapes, seed=0, bias=False):
 
 
 @needs_c
-@pytest.mark.parametrize("n", [1, 3, 8, 12])  # 12 rows: oneDNN's product with the C rescale
+@pytest.mark.parametrize("n", [1, 3, 16, 20])  # 20 rows: oneDNN's product with the C rescale
 def test_int8_matrix_steps_with_and_without_the_c_loops(n):
     """Every step the layer calls (the matrix, RMSNorm before it, SiLU * up before it, the residual after it)
     gives the same numbers through the C loops as through the tensor ops, to float rounding."""

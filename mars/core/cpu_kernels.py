@@ -126,7 +126,7 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
 #else
 #define OB 8
 #endif
-#define MAXROWS 16
+#define MAXROWS 32
 
 int mars_block(void) { return OB; }
 
@@ -346,7 +346,7 @@ def block_weights(lib, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocked, q.sum(dim=1, dtype=torch.int32)
 
 
-MAX_C_ROWS = 8  # rows (batch x width) the C product takes at most (MAXROWS / 2 in SOURCE)
+MAX_C_ROWS = 16  # rows (batch x width) the C product takes at most (MAXROWS / 2 in SOURCE)
 
 
 def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor,

@@ -16,10 +16,10 @@ Every row is quantized on its own and the integer products are exact, so a row's
 else is in its pass: batch = alone and verified = this model's AR greedy hold token for token.
 
 Which kernels (measured here, 2 threads, the default model's 121 matrices, 2 rows = one token):
-  - a pass of up to 8 rows runs mars.core.cpu_kernels' C product (VNNI or AVX2 instructions on weights
-    blocked by output channel, the rescale fused in): 7.9 ms for one token, 10.9 ms for five;
-  - more rows (a prompt) run oneDNN's int8 linear on weights packed once (AMX here): ~10.5 ms whatever the
-    rows, but 49.5 ms for two rows where oneDNN is capped at AVX2 (an AMD EPYC without VNNI);
+  - a pass of up to 16 tokens runs mars.core.cpu_kernels' C product (VNNI or AVX2 instructions on weights
+    blocked by output channel, the rescale fused in): 7.9 ms for one token, 10.9 ms for five, 18.7 for 16;
+  - more (a prompt) run oneDNN's int8 linear on weights packed once (AMX here): 12.5 ms for one token, 19.5
+    for 16, but 49.5 ms for one where oneDNN is capped at AVX2 (an AMD EPYC without VNNI);
   - `torch._int_mm` on a plain layout (this module's kernel before): 12.8 ms, 20.7 ms at AVX2;
   - float32 `F.linear`: 22 ms.
 The rows are quantized and the sums rescaled by C loops too (RMSNorm, SiLU * up and the residual add fused
