@@ -1,16 +1,22 @@
-"""Two small C loops for the int8 fast path, compiled on first use with the machine's C compiler.
+"""C kernels for the int8 fast path, compiled on first use with the machine's C compiler.
 
-Why: an int8 pass streams a quarter of float32's bytes, but each of its 121 matrices also quantizes its
-input rows and rescales its output, ~14 tensor ops in PyTorch at a few microseconds of dispatch each:
-measured here, that overhead was a quarter of an int8 AR pass (6.7 of 24 ms). Each step is one loop over a
-few thousand floats, so a plain C function called through ctypes (~0.3 microseconds a call) replaces it.
+Why: an int8 pass streams a quarter of float32's bytes, but PyTorch's kernels did not turn that into speed
+here. Each of the 121 matrices also quantized its input rows and rescaled its output in ~14 tensor ops of a
+few microseconds of dispatch each (6.7 of a 24 ms int8 AR pass), and the integer products ran at half the
+memory speed the float ones reach (oneDNN picks AMX tiles for 2 rows here, and is 4x slower than that on an
+AVX2-only CPU). These functions, called through ctypes (~0.3 microseconds a call), do both:
+  - `mars_quant_rows2` (and the same after RMSNorm, or after SiLU * up): a row to two uint8 rows;
+  - `mars_gemv_rows2`: the product of up to 16 tokens' rows with the weights, blocked so that each
+    instruction multiplies 4 bytes of a row by 4 bytes of 16 (AVX-512 VNNI) or 8 (AVX2) output channels,
+    with the rescale, bias and residual add fused in; threads from torch's own OpenMP pool;
+  - `mars_combine_rows2`: the rescale alone, after oneDNN's product for longer passes (a prompt).
 
-Built once per machine: the source, the flags and the compiler's version name a shared library in the cache
-folder (`MARS_CACHE`, else ~/.cache/mars-playground), compiled with `-march=native` for this CPU (or AVX2 when
-`MARS_CPU_FLAGS` says the CPU has no AVX-512, as the suite's AVX2-only run does) and `-ffp-contract=off`, so
-the arithmetic is the one written below. Where no compiler works (`cc` missing, a read-only cache) or
-`MARS_C_KERNELS=0`, `kernels()` returns None and mars.core.quant runs the same steps as tensor ops: same
-integers, floats equal to rounding (tested against each other).
+Built once per machine: the source, the flags, the compiler's version and the CPU's flags name a shared
+library in the cache folder (`MARS_CACHE`, else ~/.cache/mars-playground), compiled with `-march=native` for
+this CPU (or AVX2 when `MARS_CPU_FLAGS` says the CPU has no AVX-512, as the suite's AVX2-only run does) and
+`-ffp-contract=off`, so the arithmetic is the one written below. Where no compiler works (`cc` missing, a
+read-only cache) or `MARS_C_KERNELS=0`, `kernels()` returns None and mars.core.quant runs the same steps as
+tensor ops and oneDNN: the same integers, floats equal to rounding (tested against each other).
 """
 
 from __future__ import annotations
@@ -223,6 +229,12 @@ def _arch_flags() -> list[str]:
     return ["-march=native"]
 
 
+def _cpu_key() -> str:
+    from mars.core.fastpath import cpu_flags
+
+    return " ".join(sorted(cpu_flags() or ()))
+
+
 def _build() -> tuple[ctypes.CDLL | None, str]:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
@@ -233,7 +245,9 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} does not run: {e}"
     for flags in (base + ["-fopenmp"], base):  # without OpenMP (a compiler that lacks it): one thread
-        key = hashlib.sha256("\0".join([SOURCE, *flags, version]).encode()).hexdigest()[:16]
+        # the CPU's flags too: -march=native code from another machine (an image built elsewhere) could hold
+        # instructions this CPU lacks
+        key = hashlib.sha256("\0".join([SOURCE, *flags, version, _cpu_key()]).encode()).hexdigest()[:16]
         lib = _cache_dir() / f"mars_int8_{key}.so"
         so, why = _compile(cc, flags, lib)
         if so is not None:
