@@ -158,3 +158,21 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
     xq, sx = ck.quant_rows2(lib, x, ck.padded(96))
     assert torch.equal(got["xq"][:, :96], xq[:, :96])  # the padding columns are never read as values
     assert torch.equal(got["y"], ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None))
+
+
+@needs_c
+@pytest.mark.skipif(lib is None or not lib.amx, reason="no AMX tiles on this CPU")
+def test_amx_product_equals_the_vnni_product():
+    """AMX tiles (up to 16 tokens' rows in one instruction) and the VNNI loop compute the same integers."""
+    g = torch.Generator().manual_seed(7)
+    q, sw = quantize_weight(torch.randn(80, 576, generator=g))
+    blocked, wsum = ck.block_weights(lib, q)
+    for n in (1, 5, 8, 9, 16):  # 9 and 16 tokens: a second row tile
+        x = rows(n, 576, seed=n)
+        xq, sx = ck.quant_rows2(lib, x, 576)
+        args = (xq.data_ptr(), n, blocked.data_ptr(), wsum.data_ptr(), 80, 576, sx.data_ptr(), sw.data_ptr(),
+                None, None, 0)
+        a, v = torch.empty(n, 80), torch.empty(n, 80)
+        lib.mars_gemv_amx(*args, a.data_ptr())
+        lib.mars_gemv_rows2(*args, v.data_ptr())
+        assert torch.equal(a, v), n

@@ -132,7 +132,7 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
 #else
 #define OB 8
 #endif
-#define MAXROWS 32
+#define MAXROWS 32  /* = 2 * MAX_C_ROWS */
 
 int mars_block(void) { return OB; }
 
@@ -188,10 +188,90 @@ static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const 
 #endif
 }
 
+/* The rescale of one block's sums s (rows [values ; residuals] x OB) into y, as mars_combine_rows2. */
+static inline void block_rescale(int32_t s[][OB], int64_t n, int64_t o0, int64_t o1, const int32_t *wsum,
+                                 const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr,
+                                 float *y, int64_t m) {
+    const float alpha = (float)(1.0 / 254.0);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t o = o0; o < o1; o++) {
+            const int32_t off = 128 * wsum[o];
+            const float q = (float)(s[i][o - o0] - off), r = (float)(s[n + i][o - o0] - off);
+            float v = fmaf(r, alpha, q) * sx[i] * sw[o];
+            if (bias) v += bias[o];
+            if (res) v = res[i * ldr + o] + v;
+            y[i * m + o] = v;
+        }
+}
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && OB == 16
+/* AMX: one tile instruction multiplies up to 16 rows by a 64-byte slice of 16 channels (the blocked layout's
+   16 consecutive t-rows are exactly a B tile), so a pass of 8 tokens costs about what one costs. The OS
+   must grant the tile state to the process first (mars_amx_init); each thread loads its tile shapes. */
+#include <sys/syscall.h>
+#include <unistd.h>
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+int mars_amx_init(void) {
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+}
+
+/* rows <= 32: tiles 0/1 (sums/rows) hold rows 0-15, tiles 3/4 rows 16-31, tile 2 the weights */
+void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
+                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y) {
+    const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
+    const int lo = rows < 16 ? (int)rows : 16, hi = (int)rows - lo;
+    #pragma omp parallel
+    {
+        tile_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette_id = 1;
+        cfg.rows[0] = cfg.rows[1] = (uint8_t)lo;
+        cfg.rows[2] = 16;
+        cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[2] = 64;
+        if (hi) {
+            cfg.rows[3] = cfg.rows[4] = (uint8_t)hi;
+            cfg.colsb[3] = cfg.colsb[4] = 64;
+        }
+        _tile_loadconfig(&cfg);
+        int32_t s[MAXROWS][OB];
+        #pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) {
+            const int8_t *wb = w + blk * kp * OB;
+            _tile_zero(0);
+            if (hi) _tile_zero(3);
+            for (int64_t kc = 0; kc < kp; kc += 64) {
+                _tile_loadd(2, wb + kc * OB, 64);  /* t-rows kc/4 .. kc/4 + 15: 16 x 64 bytes */
+                _tile_loadd(1, x + kc, kp);
+                _tile_dpbusd(0, 1, 2);
+                if (hi) {
+                    _tile_loadd(4, x + 16 * kp + kc, kp);
+                    _tile_dpbusd(3, 4, 2);
+                }
+            }
+            _tile_stored(0, s, OB * 4);
+            if (hi) _tile_stored(3, s + 16, OB * 4);
+            const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
+            block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
+        }
+        _tile_release();
+    }
+}
+int mars_has_amx(void) { return 1; }
+#else
+int mars_amx_init(void) { return 0; }
+void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
+                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y) {}
+int mars_has_amx(void) { return 0; }
+#endif
+
 /* n <= MAXROWS / 2 rows; m: the real channels (the blocked weights may hold padding channels past m) */
 void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
                      const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y) {
-    const float alpha = (float)(1.0 / 254.0);
     const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
     #pragma omp parallel for schedule(static)
     for (int64_t blk = 0; blk < blocks; blk++) {
@@ -200,15 +280,7 @@ void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t
         for (int64_t r0 = 0; r0 < rows; r0 += 4)
             block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
         const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t o = o0; o < o1; o++) {
-                const int32_t off = 128 * wsum[o];
-                const float q = (float)(s[i][o - o0] - off), r = (float)(s[n + i][o - o0] - off);
-                float v = fmaf(r, alpha, q) * sx[i] * sw[o];
-                if (bias) v += bias[o];
-                if (res) v = res[i * ldr + o] + v;
-                y[i * m + o] = v;
-            }
+        block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
     }
 }
 """
@@ -287,6 +359,13 @@ def _compile(cc: str, flags: list[str], lib: Path) -> tuple[ctypes.CDLL | None, 
     so.mars_gemv_rows2.restype = None
     so.mars_block.argtypes = []
     so.mars_block.restype = ctypes.c_int
+    so.mars_gemv_amx.argtypes = so.mars_gemv_rows2.argtypes
+    so.mars_gemv_amx.restype = None
+    for name in ("mars_amx_init", "mars_has_amx"):
+        getattr(so, name).argtypes = []
+        getattr(so, name).restype = ctypes.c_int
+    # AMX where built for it, the OS grants the tiles, and MARS_AMX is not 0; else the VNNI / AVX2 product
+    so.amx = bool(so.mars_has_amx()) and os.environ.get("MARS_AMX", "1") != "0" and bool(so.mars_amx_init())
     return so, ""
 
 
@@ -371,7 +450,7 @@ def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: t
     if n > MAX_C_ROWS:
         raise ValueError(f"the C product takes at most {MAX_C_ROWS} rows, got {n}")
     y = torch.empty(n, m)
-    lib.mars_gemv_rows2(xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, xq.shape[1], sx.data_ptr(), sw.data_ptr(),
+    (lib.mars_gemv_amx if lib.amx else lib.mars_gemv_rows2)(xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, xq.shape[1], sx.data_ptr(), sw.data_ptr(),
                         None if bias is None else bias.data_ptr(), None if res is None else res.data_ptr(),
                         0 if res is None else res.stride(0), y.data_ptr())
     return y
