@@ -24,6 +24,7 @@ round, and prints ms per step side by side with the ratio old / new (median over
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -34,6 +35,7 @@ import zlib
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # name -> DecodeConfig fields, as the benchmark runs them (mars.evaluation.bench: VERIFIED, verify_tau 0)
 MODES = {
@@ -161,8 +163,21 @@ def prompts_for(batch: int, vocab: int, seed: int = 1) -> list[list[int]]:
             for n in torch.randint(20, 40, (batch,), generator=g)]
 
 
-def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block: int):
-    """(ms per step, passes, tokens, the runs' token ids) of one decode with the stub backend."""
+class OpCounter(TorchDispatchMode):
+    """Counts the tensor operations run (each a kernel launch where the tensors live on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block: int, count_ops: bool = False):
+    """(ms per step, passes, tensor ops per step or None, the records) of one decode with the stub backend.
+    The stub's own forward is counted too (a gather: a handful of ops per pass)."""
     from mars.core import cache as cache_mod
     from mars.core.decoding import DecodeConfig, generate_ids
 
@@ -172,13 +187,16 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
     cache_mod.make_backend = make  # the BlockCache's backend: the stub
     cfg = DecodeConfig(block_size=block, max_new_tokens=max_new, **MODES[mode])
     prompts = prompts_for(batch, len(lm.tokenizer))
+    counter = OpCounter() if count_ops else contextlib.nullcontext()
     t0 = time.perf_counter()
-    runs = generate_ids(lm, prompts, cfg)
+    with counter:
+        runs = generate_ids(lm, prompts, cfg)
     dt = time.perf_counter() - t0
     passes = len({s.pass_index for r in runs for s in r.steps})
     # what must not change: every record's fields but its wall time
     records = [[{k: v for k, v in s.to_dict().items() if k != "seconds"} for s in r.steps] for r in runs]
-    return 1e3 * dt / passes, passes, sum(r.tokens for r in runs), records
+    ops = counter.n / passes if count_ops else None
+    return 1e3 * dt / passes, passes, ops, records
 
 
 def worker(args) -> dict:
@@ -195,9 +213,10 @@ def worker(args) -> dict:
                 run_once(lm, stub, backend, mode, batch, 16, args.block)  # warm-up
                 times = []
                 for _ in range(args.repeats):
-                    ms, passes, tokens, ids = run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
+                    ms, passes, _, ids = run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
                     times.append(ms)
-                out[f"{mode}|{batch}|{backend}"] = dict(ms=min(times), passes=passes, tokens=tokens,
+                ops = run_once(lm, stub, backend, mode, batch, args.max_new, args.block, count_ops=True)[2]
+                out[f"{mode}|{batch}|{backend}"] = dict(ms=min(times), passes=passes, ops=ops,
                                                         digest=zlib.crc32(json.dumps(ids).encode()))
     return out
 
@@ -258,13 +277,13 @@ def main(argv=None) -> int:
     keys = list(results[next(iter(trees))][0])
     print(f"host ms per decoding step (passes), stub forward, 1 thread, {args.max_new} new tokens, block {args.block}"
           + (f"; median over {args.rounds} alternating processes per tree" if args.compare else ""))
-    head = f"{'mode':<15}{'batch':>6} {'backend':<8}" + "".join(f"{n:>16}" for n in trees)
-    print(head + ("   old/new  same ids" if args.compare else ""))
+    head = f"{'mode':<15}{'batch':>6} {'backend':<8}" + "".join(f"{n + ' ms (passes) ops/step':>30}" for n in trees)
+    print(head + ("   old/new  same records" if args.compare else ""))
     for k in keys:
         mode, batch, backend = k.split("|")
         cells = {n: statistics.median(r[k]["ms"] for r in results[n]) for n in trees}
         line = f"{mode:<15}{batch:>6} {backend:<8}" + "".join(
-            f"{cells[n]:9.3f} ({results[n][0][k]['passes']:>4})" for n in trees)
+            f"{cells[n]:15.3f} ({results[n][0][k]['passes']:>4}) {results[n][0][k]['ops']:6.0f}" for n in trees)
         if args.compare:
             same = results["old"][0][k]["digest"] == results["new"][0][k]["digest"]
             line += f"   {cells['old'] / cells['new']:6.2f}x  {'yes' if same else 'NO'}"
