@@ -200,13 +200,15 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
 
 
 def worker(args) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.tiny, from this script's tree
+    sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.tiny; `mars` stays PYTHONPATH's
     from tests.tiny import make_loaded
+
+    import mars
 
     torch.set_num_threads(1)
     lm = make_loaded()
     stub = StubLM(len(lm.tokenizer), lm.mask_token_id, max(args.batches))
-    out = {}
+    out = {"tree": str(Path(mars.__file__).parent.parent)}  # the tree the decoder was imported from
     for batch in args.batches:
         for mode in args.modes:
             for backend in args.backends:
@@ -225,7 +227,7 @@ def profile(args):
     import cProfile
     import pstats
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
     from tests.tiny import make_loaded
 
     torch.set_num_threads(1)
@@ -274,6 +276,8 @@ def main(argv=None) -> int:
             proc = subprocess.run([sys.executable, __file__, *passthrough, "--json"], env=env,
                                   capture_output=True, text=True, check=True)
             results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for name, tree in trees.items():
+        assert all(r.pop("tree") == str(tree) for r in results[name]), f"{name}: mars imported from another tree"
     keys = list(results[next(iter(trees))][0])
     print(f"host ms per decoding step (passes), stub forward, 1 thread, {args.max_new} new tokens, block {args.block}"
           + (f"; median over {args.rounds} alternating processes per tree" if args.compare else ""))
