@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import calibrate_logits, choose_and_score
+from mars.core.acceptance import calibrate_logits, choose_and_score, to_host
 from mars.core.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
 from mars.core.masks import tree_depths
 from mars.core.modes import Outcome, RowPlan
@@ -225,8 +225,8 @@ class TreeMode:
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         tree = self.trees.pop(row.index)
-        ar_tok, ar_conf = choose_and_score(main, "prob")  # greedy: the model's own choice after each input
-        ar_tok, ar_conf = ar_tok.tolist(), ar_conf.tolist()
+        # greedy: the model's own choice after each input; both lists in one copy from the device
+        ar_tok, ar_conf = to_host(*choose_and_score(main, "prob"))
         path = walk(tree, ar_tok)
         end = path[-1] if path else -1
         rows = [0] + [i + 1 for i in path]  # main's rows before each accepted token
@@ -242,7 +242,7 @@ class TreeMode:
         depth_cands = tree.candidates_by_depth()
         out = Outcome([tree.tokens[i] for i in path] + [ar_tok[end + 1]], [ar_conf[r] for r in rows],
                       [tree.tokens[i] for i in rejected], [tree.probs[i] for i in rejected], n_verified=m,
-                      proposal_logits=main[rows], tree_depths=depth_cands, tree_path=[tree.tokens[i] for i in path])
+                      proposal_logits=_take(main, rows), tree_depths=depth_cands, tree_path=[tree.tokens[i] for i in path])
         self.dists[row.index] = self._next_dists(tree, plan, end, groups)
         return out
 
@@ -261,6 +261,14 @@ class TreeMode:
         temps = self.temperatures[skip:] if self.temperatures else None  # mask index = skip + row of g
         assert node < 0 or depth[end] - depth[node] == skip
         return top_candidates(g, min(self.nodes, MAX_BRANCH), temps)
+
+
+def _take(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows]; rows 0, 1, ..., k (a path on the top-1 chain: the common case) as a slice, which on a GPU
+    needs no copy of the index list to the device."""
+    if rows == list(range(len(rows))):
+        return logits[: len(rows)]
+    return logits[rows]
 
 
 def _prune(tree: DraftTree, max_depth: int) -> DraftTree:
