@@ -91,32 +91,57 @@ def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, co
     copies: a lookup chain under the root; copy k's value is copy_share[k] (the measured chance that it is
     accepted). A token proposed by both sources is one node, with the larger value. Children are pushed when
     their parent enters, so the tree is closed under ancestors whatever the values.
+
+    Candidates come likeliest first, so a node's children enter the heap one at a time: the next sibling when
+    the previous one leaves it (each keeps the heap order, value then push order, it would have had if all
+    were pushed at once, so the tree is the same; a list that is not sorted is pushed whole).
     """
     tree = DraftTree()
     at: dict[tuple[int, int], int] = {}
-    heap: list[tuple[float, int, int, int, float, int]] = []  # (-value, seq, parent, token, prob, copy index)
+    # (-value, seq, parent, token, prob, copy index, sibling): sibling = (tokens, probs, i, count, value, base, parent)
+    heap: list[tuple] = []
     seq = 0
 
     def push_masks(parent: int, depth: int, value: float):
         nonlocal seq
-        if depth <= len(dists) and tau < 1.0:
-            for t, p in zip(*dists[depth - 1]):
-                if p < tau:
-                    break
-                heapq.heappush(heap, (-value * p, seq, parent, t, p, -1))
-                seq += 1
+        if depth > len(dists) or tau >= 1.0:
+            return
+        toks, probs = dists[depth - 1]
+        count = 0
+        for _, p in zip(toks, probs):  # the candidates that pass tau: up to the first one below it
+            if p < tau:
+                break
+            count += 1
+        if not count:
+            return
+        base, seq = seq, seq + count  # the push order of all `count` children, reserved now
+        if all(probs[i + 1] <= probs[i] for i in range(count - 1)):
+            heapq.heappush(heap, (-value * probs[0], base, parent, toks[0], probs[0], -1,
+                                  (toks, probs, 0, count, value, base, parent)))
+        else:
+            for i in range(count):
+                heapq.heappush(heap, (-value * probs[i], base + i, parent, toks[i], probs[i], -1, None))
+
+    def push_sibling(sib):
+        toks, probs, i, count, value, base, parent = sib
+        if i + 1 < count:
+            j = i + 1
+            heapq.heappush(heap, (-value * probs[j], base + j, parent, toks[j], probs[j], -1,
+                                  (toks, probs, j, count, value, base, parent)))
 
     def push_copy(parent: int, k: int):
         nonlocal seq
         if k < len(copies):
             share = copy_share[k] if k < len(copy_share) else 0.0
-            heapq.heappush(heap, (-share, seq, parent, copies[k], share, k))
+            heapq.heappush(heap, (-share, seq, parent, copies[k], share, k, None))
             seq += 1
 
     push_masks(-1, 1, 1.0)
     push_copy(-1, 0)
     while heap and len(tree) < budget:
-        neg, _, parent, t, p, k = heapq.heappop(heap)
+        neg, _, parent, t, p, k, sib = heapq.heappop(heap)
+        if sib is not None:
+            push_sibling(sib)
         if (parent, t) in at:  # both sources proposed it: the copy chain continues under the one node
             node = at[(parent, t)]
             if k >= 0 and not tree.copied[node]:
