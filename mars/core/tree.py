@@ -102,20 +102,23 @@ def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, co
     heap: list[tuple] = []
     seq = 0
 
-    def push_masks(parent: int, depth: int, value: float):
-        nonlocal seq
-        if depth > len(dists) or tau >= 1.0:
-            return
-        toks, probs = dists[depth - 1]
+    # per depth, once: its candidates, how many pass tau (up to the first one below it), whether likeliest first
+    levels = []
+    for toks, probs in dists if tau < 1.0 else ():
         count = 0
-        for _, p in zip(toks, probs):  # the candidates that pass tau: up to the first one below it
+        for _, p in zip(toks, probs):
             if p < tau:
                 break
             count += 1
-        if not count:
+        levels.append((toks, probs, count, all(probs[i + 1] <= probs[i] for i in range(count - 1))))
+
+    def push_masks(parent: int, depth: int, value: float):
+        nonlocal seq
+        if depth > len(levels) or not levels[depth - 1][2]:
             return
+        toks, probs, count, in_order = levels[depth - 1]
         base, seq = seq, seq + count  # the push order of all `count` children, reserved now
-        if all(probs[i + 1] <= probs[i] for i in range(count - 1)):
+        if in_order:
             heapq.heappush(heap, (-value * probs[0], base, parent, toks[0], probs[0], -1,
                                   (toks, probs, 0, count, value, base, parent)))
         else:
