@@ -384,13 +384,12 @@ def _stack_windows(windows: list[_RowWindow], pad_id: int):
     """The rows' windows right-padded to a common width W: ids, positions (b, W) and masks (b, W, W)."""
     W = max(len(w.tokens) for w in windows)
     b = len(windows)
-    ids = torch.full((b, W), pad_id, dtype=torch.long)
-    pos = torch.zeros((b, W), dtype=torch.long)
+    # ids and positions padded as lists and made tensors at once: two tensors a pass, not two a row
+    ids = torch.tensor([w.tokens + [pad_id] * (W - len(w.tokens)) for w in windows], dtype=torch.long)
+    pos = torch.tensor([w.positions + [0] * (W - len(w.positions)) for w in windows], dtype=torch.long)
     local = torch.zeros((b, W, W), dtype=torch.bool)
     for i, w in enumerate(windows):
         n = len(w.tokens)
-        ids[i, :n] = torch.tensor(w.tokens)
-        pos[i, :n] = torch.tensor(w.positions)
         local[i, :n, :n] = w.allowed
     return ids, pos, local
 
