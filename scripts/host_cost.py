@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+import weakref
 import zlib
 from pathlib import Path
 
@@ -95,7 +96,7 @@ class StubBackend:
 
     def forward(self, ids, positions, allowed, keep):
         self.length += ids.shape[1]
-        return self.stub.logits(self.rows, ids, positions)[:, keep]
+        return _mark(self.stub.logits(self.rows, ids, positions))[:, keep]
 
     def truncate(self, n):
         self.length = n
@@ -136,7 +137,7 @@ def static_stub_backend(stub: StubLM, batch: int, capacity: int):
             b = len(be.rows_of)
             out = torch.zeros(ids.shape + (stub.real.shape[-1],))
             out[:b] = stub.logits(be.rows_of, ids[:b], pos[:b])
-            return out
+            return _mark(out)
 
     be = static.StaticBackend.__new__(static.StaticBackend)
     import weakref
@@ -164,15 +165,50 @@ def prompts_for(batch: int, vocab: int, seed: int = 1) -> list[list[int]]:
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the tensor operations run (each a kernel launch where the tensors live on a GPU)."""
+    """Counts the tensor operations run: all of them (`n`), and those on the logits or on anything computed
+    from them (`on_logits`): where the logits live on a GPU, each of those is a kernel launch, the host's
+    cost of scoring and accepting there. The stub marks the logits it returns (`OpCounter.mark`)."""
+
+    active: "OpCounter | None" = None
 
     def __init__(self):
         super().__init__()
-        self.n = 0
+        self.n = self.on_logits = 0
+        self.marked: dict[int, weakref.ref] = {}
+
+    def mark(self, t: torch.Tensor):
+        key = id(t)
+        self.marked[key] = weakref.ref(t, lambda _, k=key: self.marked.pop(k, None))
+
+    def _is_marked(self, x) -> bool:
+        ref = self.marked.get(id(x))
+        return ref is not None and ref() is x
+
+    def __enter__(self):
+        OpCounter.active = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        OpCounter.active = None
+        return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.n += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        flat = [*args, *(kwargs or {}).values()]
+        flat += [y for x in flat if isinstance(x, (list, tuple)) for y in x]
+        if any(isinstance(x, torch.Tensor) and self._is_marked(x) for x in flat):
+            self.on_logits += 1
+            for y in (out if isinstance(out, (list, tuple)) else [out]):
+                if isinstance(y, torch.Tensor):
+                    self.mark(y)
+        return out
+
+
+def _mark(t: torch.Tensor) -> torch.Tensor:
+    if OpCounter.active is not None:
+        OpCounter.active.mark(t)
+    return t
 
 
 def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block: int, count_ops: bool = False):
@@ -195,7 +231,7 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
     passes = len({s.pass_index for r in runs for s in r.steps})
     # what must not change: every record's fields but its wall time
     records = [[{k: v for k, v in s.to_dict().items() if k != "seconds"} for s in r.steps] for r in runs]
-    ops = counter.n / passes if count_ops else None
+    ops = (counter.n / passes, counter.on_logits / passes) if count_ops else None
     return 1e3 * dt / passes, passes, ops, records
 
 
@@ -218,7 +254,7 @@ def worker(args) -> dict:
                     ms, passes, _, ids = run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
                     times.append(ms)
                 ops = run_once(lm, stub, backend, mode, batch, args.max_new, args.block, count_ops=True)[2]
-                out[f"{mode}|{batch}|{backend}"] = dict(ms=min(times), passes=passes, ops=ops,
+                out[f"{mode}|{batch}|{backend}"] = dict(ms=min(times), passes=passes, ops=ops[0], dev=ops[1],
                                                         digest=zlib.crc32(json.dumps(ids).encode()))
     return out
 
@@ -281,13 +317,14 @@ def main(argv=None) -> int:
     keys = list(results[next(iter(trees))][0])
     print(f"host ms per decoding step (passes), stub forward, 1 thread, {args.max_new} new tokens, block {args.block}"
           + (f"; median over {args.rounds} alternating processes per tree" if args.compare else ""))
-    head = f"{'mode':<15}{'batch':>6} {'backend':<8}" + "".join(f"{n + ' ms (passes) ops/step':>30}" for n in trees)
+    head = f"{'mode':<15}{'batch':>6} {'backend':<8}" + "".join(f"{n + ' ms (passes) ops logit-ops':>36}" for n in trees)
     print(head + ("   old/new  same records" if args.compare else ""))
     for k in keys:
         mode, batch, backend = k.split("|")
         cells = {n: statistics.median(r[k]["ms"] for r in results[n]) for n in trees}
         line = f"{mode:<15}{batch:>6} {backend:<8}" + "".join(
-            f"{cells[n]:15.3f} ({results[n][0][k]['passes']:>4}) {results[n][0][k]['ops']:6.0f}" for n in trees)
+            f"{cells[n]:15.3f} ({results[n][0][k]['passes']:>4}) {results[n][0][k]['ops']:5.0f} {results[n][0][k]['dev']:5.1f}"
+            for n in trees)
         if args.compare:
             same = results["old"][0][k]["digest"] == results["new"][0][k]["digest"]
             line += f"   {cells['old'] / cells['new']:6.2f}x  {'yes' if same else 'NO'}"
