@@ -277,8 +277,9 @@ def decode_steps(
         for i, (r, plan, w) in enumerate(zip(live, plans, windows)):
             if plan is None:
                 continue
-            main = _rows(logits[i], [at[k] for k in w.main_reads])
-            groups = _Groups(logits[i], w.group_reads, at)
+            row_logits = logits[i]  # (len(keep), V)
+            main = _rows(row_logits, [at[k] for k in w.main_reads])
+            groups = _Groups(row_logits, w.group_reads, at)
             res = mode.accept(r, plan, main, groups, cfg, tau, gen)
             valid[i] += res.n_verified
             records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1]))
