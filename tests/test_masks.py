@@ -113,7 +113,7 @@ def _window_mask_slow(n_pad, n_real, n_extra, groups, parents=None):
 
 def test_window_mask_equals_the_element_by_element_rules_on_random_shapes():
     """The whole-tensor, cached window mask against the rules applied element by element: chains, trees, groups
-    anywhere, padding, empty groups; twice each (a chain's second comes from the cache, and is a fresh tensor)."""
+    anywhere, padding, empty groups; twice each (the second comes from the cache, and is a fresh tensor)."""
     g = torch.Generator().manual_seed(0)
     rnd = lambda n: int(torch.randint(n, (), generator=g))  # noqa: E731
     for _ in range(200):

@@ -38,25 +38,28 @@ def window_mask(n_pad: int, n_real: int, n_extra: int, groups: list[tuple[int, i
     A padding query sees nothing here; `pass_mask` lets it see itself.
 
     A pass builds one per row, so it is built in a few whole-tensor operations (no loop over groups or
-    nodes), and a chain's is kept per shape: a MARS or chain-verified row repeats a handful of shapes all run
-    long. Returns a fresh tensor (the caller may write to it).
+    nodes), and kept per shape: a MARS or chain-verified row repeats a handful of shapes all run long, and
+    a tree grown from similar candidates often has the same shape as the last one. Returns a fresh tensor
+    (the caller may write to it).
     """
     groups = tuple((int(j), int(m)) for j, m in groups)
-    if parents is None and n_pad + n_real + n_extra + sum(m for _, m in groups) <= MAX_CACHED_WINDOW:
-        return _cached_window_mask(n_pad, n_real, n_extra, groups).clone()
-    return _window_mask(n_pad, n_real, n_extra, groups, parents)  # a tree's shapes rarely repeat: not kept
+    parents = None if parents is None else tuple(parents)
+    if n_pad + n_real + n_extra + sum(m for _, m in groups) <= MAX_CACHED_WINDOW:
+        return _cached_window_mask(n_pad, n_real, n_extra, groups, parents).clone()
+    return _window_mask(n_pad, n_real, n_extra, groups, parents)
 
 
 MAX_CACHED_WINDOW = 256  # windows kept per shape up to this size: 256 of them hold at most 16 MiB
 
 
 @functools.lru_cache(maxsize=256)  # thread-safe
-def _cached_window_mask(n_pad: int, n_real: int, n_extra: int, groups: tuple[tuple[int, int], ...]) -> torch.Tensor:
-    return _window_mask(n_pad, n_real, n_extra, groups, None)
+def _cached_window_mask(n_pad: int, n_real: int, n_extra: int, groups: tuple[tuple[int, int], ...],
+                        parents: tuple[int, ...] | None) -> torch.Tensor:
+    return _window_mask(n_pad, n_real, n_extra, groups, parents)
 
 
 def _window_mask(n_pad: int, n_real: int, n_extra: int, groups: tuple[tuple[int, int], ...],
-                 parents: list[int] | None) -> torch.Tensor:
+                 parents: tuple[int, ...] | None) -> torch.Tensor:
     seen_by = _ancestors(n_extra, None if parents is None else list(parents))  # (n_extra, n_extra): i sees k
     for j, _ in groups:
         if not 0 <= j <= n_extra:
