@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mars.core.acceptance import accept_lengths, choose_and_score, repeat_flags
+from mars.core.acceptance import accept_length, accept_lengths, choose_and_score, repeat_flags, repeat_flags_list
 from mars.core.decoding import DecodeConfig, DecodeControl, decode_steps, encode_prompt, generate_ids, stream
 
 PROMPTS = [
@@ -573,3 +573,31 @@ def test_shipped_adapter_visitor_prompt_stutters_without_the_guard_not_with_it()
     assert stutters(text(tau=0.9, repeat_tau=None), ar)["extra"] > 0
     assert stutters(text(tau=0.9, repeat_tau=1.0), ar)["extra"] == 0
     assert text(tau=1.0, repeat_tau=1.0) == ar
+
+
+def test_host_accept_length_equals_the_tensor_rule():
+    """accept_length (Python, on fetched values) against accept_lengths (tensors), row by row: confidences
+    exactly at tau's float32 rounding (where a float64 comparison would differ), the repeat guard, caps."""
+    g = torch.Generator().manual_seed(0)
+    taus = [0.0, 0.3, 0.7, 0.9, 0.95, 1.0]
+    for _ in range(300):
+        n = 1 + int(torch.randint(6, (), generator=g))
+        tau = taus[int(torch.randint(len(taus), (), generator=g))]
+        conf = torch.rand(n, generator=g)
+        at_tau = torch.rand(n, generator=g) < 0.3
+        conf[at_tau] = torch.tensor(tau, dtype=torch.float32)  # ties: 0.9f >= 0.9 in the tensor rule
+        repeats = torch.rand(n, generator=g) < 0.4
+        repeat_tau = [None, 0.5, 0.9, 1.0][int(torch.randint(4, (), generator=g))]
+        cap = [None, 1, 2, 4][int(torch.randint(4, (), generator=g))]
+        c = conf.tolist()
+        assert accept_length(c, tau, cap) == int(accept_lengths(conf[None], tau, cap)[0])
+        want = int(accept_lengths(conf[None], tau, cap, repeats[None], repeat_tau)[0])
+        assert accept_length(c, tau, cap, repeats.tolist(), repeat_tau) == want, (c, tau, cap, repeat_tau)
+
+
+def test_repeat_flags_list_equals_repeat_flags():
+    g = torch.Generator().manual_seed(1)
+    for _ in range(200):
+        context = torch.randint(4, (int(torch.randint(5, (), generator=g)),), generator=g).tolist()
+        props = torch.randint(4, (1 + int(torch.randint(5, (), generator=g)),), generator=g)
+        assert repeat_flags_list(context, props.tolist()) == repeat_flags(context, props).tolist()

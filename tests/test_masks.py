@@ -84,3 +84,44 @@ def test_uncached_runs_commit_nothing():
     cache = _cache(use_cache=False)
     cache.commit(valid=[7, 9], frontiers=[8, 9])
     assert cache.length == 0 and cache.runner.calls == [("truncate", 0)]
+
+
+def _window_mask_slow(n_pad, n_real, n_extra, groups, parents=None):
+    """The obvious window mask, element by element from the rules in masks.window_mask's docstring."""
+    parents = list(range(-1, n_extra - 1)) if parents is None else parents
+    anc = []  # anc[i]: extra i and its ancestors
+    for i, p in enumerate(parents):
+        anc.append({i} | (anc[p] if p >= 0 else set()))
+    kinds = [("pad", 0)] * n_pad + [("real", 0)] * n_real + [("extra", i) for i in range(n_extra)]
+    for gi, (j, m) in enumerate(groups):
+        kinds += [("mask", (gi, j))] * m
+    size = len(kinds)
+    out = torch.zeros(size, size, dtype=torch.bool)
+    for q, (kq, vq) in enumerate(kinds):
+        for k, (kk, vk) in enumerate(kinds):
+            if kk == "real":
+                ok = kq != "pad" and (kq != "real" or k <= q)
+            elif kk == "extra":
+                ok = (kq == "extra" and vk in anc[vq]) or (kq == "mask" and vq[1] > 0 and vk in anc[vq[1] - 1])
+            elif kk == "mask":
+                ok = kq == "mask" and vq[0] == vk[0] and k <= q
+            else:
+                ok = False
+            out[q, k] = ok
+    return out
+
+
+def test_window_mask_equals_the_element_by_element_rules_on_random_shapes():
+    """The whole-tensor, cached window mask against the rules applied element by element: chains, trees, groups
+    anywhere, padding, empty groups; twice each (the second comes from the cache, and is a fresh tensor)."""
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda n: int(torch.randint(n, (), generator=g))  # noqa: E731
+    for _ in range(200):
+        n_pad, n_real, n_extra = rnd(3), 1 + rnd(4), rnd(9)
+        parents = None if rnd(2) else [rnd(i + 1) - 1 for i in range(n_extra)]
+        groups = [(rnd(n_extra + 1), rnd(4)) for _ in range(rnd(4))]
+        want = _window_mask_slow(n_pad, n_real, n_extra, groups, parents)
+        first = window_mask(n_pad, n_real, n_extra, groups, parents)
+        assert torch.equal(first, want), (n_pad, n_real, n_extra, groups, parents)
+        first.fill_(True)  # a caller writing to its mask does not touch the cached one
+        assert torch.equal(window_mask(n_pad, n_real, n_extra, groups, parents), want)

@@ -269,3 +269,70 @@ def test_tree_passes_stream_like_any_other(tiny_lm):
     cfg = DecodeConfig(mode="verified", tree_nodes=4, tau=0.0, max_new_tokens=10)
     seen = [rec for records in decode_steps(tiny_lm, ids, cfg) for rec in records]
     assert {r.row for r in seen} == {0, 1} and all(r.input_len >= 1 for r in seen)
+
+
+def _grow_tree_slow(dists, copies, budget, tau=0.0, copy_share=()):
+    """tree.grow_tree as first written: every child pushed when its parent enters (the obvious best-first)."""
+    import heapq
+
+    from mars.core.tree import DraftTree, _depth, depth_first
+
+    tree, at, heap, seq = DraftTree(), {}, [], 0
+
+    def push_masks(parent, depth, value):
+        nonlocal seq
+        if depth <= len(dists) and tau < 1.0:
+            for t, p in zip(*dists[depth - 1]):
+                if p < tau:
+                    break
+                heapq.heappush(heap, (-value * p, seq, parent, t, p, -1))
+                seq += 1
+
+    def push_copy(parent, k):
+        nonlocal seq
+        if k < len(copies):
+            share = copy_share[k] if k < len(copy_share) else 0.0
+            heapq.heappush(heap, (-share, seq, parent, copies[k], share, k))
+            seq += 1
+
+    push_masks(-1, 1, 1.0)
+    push_copy(-1, 0)
+    while heap and len(tree) < budget:
+        neg, _, parent, t, p, k = heapq.heappop(heap)
+        if (parent, t) in at:
+            node = at[(parent, t)]
+            if k >= 0 and not tree.copied[node]:
+                tree.copied[node] = True
+                push_copy(node, k + 1)
+            continue
+        node = len(tree)
+        at[(parent, t)] = node
+        tree.tokens.append(t), tree.parents.append(parent), tree.values.append(-neg)
+        tree.probs.append(p), tree.copied.append(k >= 0)
+        push_masks(node, (1 if parent < 0 else _depth(tree, parent) + 1) + 1, -neg)
+        if k >= 0:
+            push_copy(node, k + 1)
+    return depth_first(tree)
+
+
+def test_grow_tree_pushing_siblings_lazily_grows_the_same_tree():
+    """grow_tree against the push-everything version on random candidates: ties in value (probabilities from a
+    few powers of two), repeated tokens across depths, copies merging with masks, tau, unsorted lists."""
+    g = torch.Generator().manual_seed(0)
+    rnd = lambda n: int(torch.randint(n, (), generator=g))  # noqa: E731
+    for trial in range(400):
+        dists = []
+        for _ in range(rnd(5)):
+            k = 1 + rnd(6)
+            probs = sorted((0.5 ** (1 + rnd(4)) for _ in range(k)), reverse=True)
+            if trial % 7 == 0:
+                probs = [probs[i] for i in torch.randperm(k, generator=g).tolist()]  # not likeliest first
+            dists.append(([rnd(8) for _ in range(k)], probs))
+        copies = [rnd(8) for _ in range(rnd(5))]
+        share = [0.5 ** (1 + rnd(4)) for _ in range(rnd(6))]
+        tau = [0.0, 0.1, 0.25, 1.0][rnd(4)]
+        budget = 1 + rnd(20)
+        got = grow_tree(dists, copies, budget, tau, share)
+        want = _grow_tree_slow(dists, copies, budget, tau, share)
+        assert (got.tokens, got.parents, got.values, got.probs, got.copied) == \
+            (want.tokens, want.parents, want.values, want.probs, want.copied), trial

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -91,6 +92,38 @@ def accept_lengths(conf: torch.Tensor, tau: float, max_per_pass: int | None = No
     return lengths
 
 
+def accept_length(conf: list[float], tau: float, max_per_pass: int | None = None,
+                  repeats: list[bool] | None = None, repeat_tau: float | None = None) -> int:
+    """`accept_lengths` for one row whose confidences are already on the host: the same rule, in Python.
+
+    conf: float32 confidences as Python floats (as `to_host` brings them back). The tensor rule compares a
+    float32 tensor with tau, which PyTorch rounds to float32 first (0.9f >= 0.9 is True there), so the
+    thresholds are rounded the same way here. Why: on a GPU each small tensor op is a kernel launch, and the
+    count is a few comparisons of values the mode fetches anyway.
+    """
+    n = len(conf)
+    length = 1
+    if tau < 1.0 and n > 1:
+        t = _float32(tau)
+        guard = repeats is not None and repeat_tau is not None
+        rt = _float32(repeat_tau) if guard and repeat_tau < 1.0 else None  # None: a repeat never clears
+        for j in range(1, n):
+            ok = conf[j] >= t
+            if ok and guard and repeats[j]:
+                ok = rt is not None and conf[j] >= rt
+            if not ok:
+                break
+            length += 1
+    if max_per_pass is not None:
+        length = min(length, max(1, int(max_per_pass)))
+    return length
+
+
+def _float32(x: float) -> float:
+    """x rounded to the nearest float32 (as PyTorch rounds a Python scalar compared with a float32 tensor)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def to_host(*tensors: torch.Tensor) -> list:
     """Small 0-d or 1-d results (ids, confidences, lengths) as Python values, brought back from the device in
     ONE copy: on a GPU each `.tolist()` waits for the device, so a mode fetches what a pass needs at once.
@@ -123,13 +156,18 @@ def repeat_flags(context: list[int], proposals: torch.Tensor, max_ngram: int = 2
     "Europe Europe", k = 2 catches "South America South America" at its last token. Drafts count against
     the drafts before them in the same pass, as they would be read if accepted. Returns (n,) bool.
     """
+    return torch.tensor(repeat_flags_list(context, proposals.tolist(), max_ngram), dtype=torch.bool)
+
+
+def repeat_flags_list(context: list[int], proposals: list[int], max_ngram: int = 2) -> list[bool]:
+    """`repeat_flags` on host lists, as a list (for `accept_length`)."""
     tail = list(context[-(2 * max_ngram - 1):]) if max_ngram > 0 else []
-    seq = tail + proposals.tolist()
+    seq = tail + list(proposals)
     flags = []
     for j in range(len(tail), len(seq)):
         flags.append(any(j + 1 >= 2 * k and seq[j - k + 1:j + 1] == seq[j - 2 * k + 1:j - k + 1]
                          for k in range(1, max_ngram + 1)))
-    return torch.tensor(flags, dtype=torch.bool)
+    return flags
 
 
 def is_finite_number(x) -> bool:

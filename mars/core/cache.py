@@ -56,7 +56,7 @@ class BlockCache:
         C = self.length
         if self.use_cache:
             n = min(min(valid), min(frontiers) - 1) - C
-            new = torch.stack([torch.arange(C, C + n) >= pad for pad in self.pads])  # (b, n)
+            new = torch.arange(C, C + n)[None, :] >= torch.tensor(self.pads)[:, None]  # (b, n): past the left padding
             self.key_ok = torch.cat([self.key_ok, new], dim=1)
         self.runner.truncate(self.length)
 

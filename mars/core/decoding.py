@@ -44,7 +44,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 
@@ -277,8 +277,9 @@ def decode_steps(
         for i, (r, plan, w) in enumerate(zip(live, plans, windows)):
             if plan is None:
                 continue
-            main = _rows(logits[i], [at[k] for k in w.main_reads])
-            groups = [_rows(logits[i], [at[k] for k in g]) for g in w.group_reads]
+            row_logits = logits[i]  # (len(keep), V)
+            main = _rows(row_logits, [at[k] for k in w.main_reads])
+            groups = _Groups(row_logits, w.group_reads, at)
             res = mode.accept(r, plan, main, groups, cfg, tau, gen)
             valid[i] += res.n_verified
             records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1]))
@@ -384,15 +385,30 @@ def _stack_windows(windows: list[_RowWindow], pad_id: int):
     """The rows' windows right-padded to a common width W: ids, positions (b, W) and masks (b, W, W)."""
     W = max(len(w.tokens) for w in windows)
     b = len(windows)
-    ids = torch.full((b, W), pad_id, dtype=torch.long)
-    pos = torch.zeros((b, W), dtype=torch.long)
+    # ids and positions padded as lists and made tensors at once: two tensors a pass, not two a row
+    ids = torch.tensor([w.tokens + [pad_id] * (W - len(w.tokens)) for w in windows], dtype=torch.long)
+    pos = torch.tensor([w.positions + [0] * (W - len(w.positions)) for w in windows], dtype=torch.long)
     local = torch.zeros((b, W, W), dtype=torch.bool)
     for i, w in enumerate(windows):
         n = len(w.tokens)
-        ids[i, :n] = torch.tensor(w.tokens)
-        pos[i, :n] = torch.tensor(w.positions)
         local[i, :n, :n] = w.allowed
     return ids, pos, local
+
+
+class _Groups(Sequence):
+    """A row's mask groups' logits, each cut out of the pass's logits only when the mode reads it: a tree
+    pass carries a group per node and reads one of them."""
+
+    def __init__(self, logits: torch.Tensor, reads: list[list[int]], at: dict[int, int]):
+        self.logits, self.reads, self.at = logits, reads, at  # logits: (len(keep), V); at: window index -> row
+
+    def __len__(self) -> int:
+        return len(self.reads)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return _rows(self.logits, [self.at[k] for k in self.reads[i]])
 
 
 def _rows(logits: torch.Tensor, idx: list[int]) -> torch.Tensor:

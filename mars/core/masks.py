@@ -16,6 +16,8 @@ the key (column).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -34,27 +36,53 @@ def window_mask(n_pad: int, n_real: int, n_extra: int, groups: list[tuple[int, i
     the real tokens, extra j-1 and its ancestors (for a chain: the first j extras) and the group's earlier
     masks (causal inside the group, as in training), nothing else.
     A padding query sees nothing here; `pass_mask` lets it see itself.
+
+    A pass builds one per row, so it is built in a few whole-tensor operations (no loop over groups or
+    nodes), and kept per shape: a MARS or chain-verified row repeats a handful of shapes all run long, and
+    a tree grown from similar candidates often has the same shape as the last one. Returns a fresh tensor
+    (the caller may write to it).
     """
-    seen_by = _ancestors(n_extra, parents)  # (n_extra, n_extra): extra i sees extra k
+    groups = tuple((int(j), int(m)) for j, m in groups)
+    parents = None if parents is None else tuple(parents)
+    if n_pad + n_real + n_extra + sum(m for _, m in groups) <= MAX_CACHED_WINDOW:
+        return _cached_window_mask(n_pad, n_real, n_extra, groups, parents).clone()
+    return _window_mask(n_pad, n_real, n_extra, groups, parents)
+
+
+MAX_CACHED_WINDOW = 192  # windows kept per shape up to this size (a 32-node tree with groups: 132): 1024 hold <= 36 MiB
+
+
+@functools.lru_cache(maxsize=1024)  # thread-safe; a batch of trees brings a few hundred shapes per run
+def _cached_window_mask(n_pad: int, n_real: int, n_extra: int, groups: tuple[tuple[int, int], ...],
+                        parents: tuple[int, ...] | None) -> torch.Tensor:
+    return _window_mask(n_pad, n_real, n_extra, groups, parents)
+
+
+def _window_mask(n_pad: int, n_real: int, n_extra: int, groups: tuple[tuple[int, int], ...],
+                 parents: tuple[int, ...] | None) -> torch.Tensor:
+    seen_by = _ancestors(n_extra, None if parents is None else list(parents))  # (n_extra, n_extra): i sees k
+    for j, _ in groups:
+        if not 0 <= j <= n_extra:
+            raise ValueError(f"mask group after extra {j - 1}: there are {n_extra} extras")
     n_head = n_pad + n_real
     n_main = n_head + n_extra
-    size = n_main + sum(m for _, m in groups)
+    sizes = [m for _, m in groups]
+    size = n_main + sum(sizes)
     idx = torch.arange(size)
     is_key = (idx >= n_pad) & (idx < n_head)
     allowed = torch.zeros(size, size, dtype=torch.bool)
     allowed[:n_head, :n_head] = (idx[None, :n_head] <= idx[:n_head, None]) & is_key[None, :n_head]
-    allowed[n_head:n_main, :n_head] = is_key[None, :n_head]
+    allowed[n_head:, :n_head] = is_key[None, :n_head]  # extras and masks see every real token
     allowed[n_head:n_main, n_head:n_main] = seen_by
-    first = n_main
-    for j, m in groups:
-        if not 0 <= j <= n_extra:
-            raise ValueError(f"mask group after extra {j - 1}: there are {n_extra} extras")
-        g = torch.arange(first, first + m)
-        allowed[g[:, None], idx[None, :n_head]] = is_key[None, :n_head]
-        if j:
-            allowed[first:first + m, n_head:n_main] = seen_by[j - 1][None, :]
-        allowed[g[:, None], g[None, :]] = g[None, :] <= g[:, None]
-        first += m
+    if size > n_main:
+        counts = torch.tensor(sizes)
+        # per mask: its group's j, and its group's index (masks see the earlier masks of their own group only)
+        js = torch.tensor([j for j, _ in groups]).repeat_interleave(counts)
+        gid = torch.arange(len(groups)).repeat_interleave(counts)
+        after = torch.cat([torch.zeros(1, n_extra, dtype=torch.bool), seen_by])  # row j: what extra j-1 sees
+        allowed[n_main:, n_head:n_main] = after[js]
+        g = idx[n_main:]
+        allowed[n_main:, n_main:] = (gid[None, :] == gid[:, None]) & (g[None, :] <= g[:, None])
     return allowed
 
 
@@ -64,11 +92,17 @@ def _ancestors(n: int, parents: list[int] | None) -> torch.Tensor:
         return torch.ones(n, n, dtype=torch.bool).tril()
     if len(parents) != n or any(not -1 <= p < i for i, p in enumerate(parents)):
         raise ValueError(f"parents must give each of the {n} extras an earlier extra or -1 (the root), got {parents}")
-    out = torch.eye(n, dtype=torch.bool)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            out[i] |= out[p]
-    return out
+    # every node climbs to the root one step per round, marking what it passes: as many rounds as the tree is deep
+    up = torch.tensor(parents + [-1], dtype=torch.long)  # up[-1] = -1: the root stays put
+    out = torch.zeros(n, n + 1, dtype=torch.bool)  # column n: the root, dropped at the end
+    rows = torch.arange(n)
+    node = rows
+    for _ in range(n):
+        out[rows, node] = True
+        node = up[node]
+        if bool((node < 0).all()):
+            break
+    return out[:, :n]
 
 
 def tree_depths(parents: list[int] | None, n: int) -> list[int]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import accept_lengths, calibrate_logits, choose_and_score, repeat_flags, to_host
+from mars.core.acceptance import accept_length, calibrate_logits, choose_and_score, repeat_flags_list, to_host
 from mars.core.lookup import Lookup, lookup_drafts
 
 DRAFT_SOURCES = ("mars", "lookup", "both")  # verified mode: where the drafts of a pass come from
@@ -80,14 +80,14 @@ class MarsMode:
         logits = torch.cat([main[:1]] + groups[:1])  # (B, V): the AR token, then the masks in order
         tok, conf = choose_and_score(logits, cfg.confidence, cfg.temperature, gen,
                                      confidence_logits=calibrate_logits(logits, self.temperatures, ar_rows=1))
-        # scored and accepted where the logits are (a GPU's): only the ids, confidences and count come back
-        t, c, n = to_host(tok, conf, accept_lengths(conf[None], tau, cfg.max_tokens_per_pass)[0])
+        # scored where the logits are (a GPU's); the ids and confidences come back in one copy and the count is
+        # taken on the host (a few comparisons: cheaper than the kernel launches of the tensor rule)
+        t, c = to_host(tok, conf)
+        n = accept_length(c, tau, cfg.max_tokens_per_pass)
         guarded = n
         if cfg.repeat_tau is not None and n > 1:
             # the guard reads the row's text: on the host, from the values just fetched (no second device wait)
-            repeats = repeat_flags(row.tokens, torch.tensor(t))[None]
-            guarded = int(accept_lengths(torch.tensor(c, dtype=conf.dtype)[None], tau, cfg.max_tokens_per_pass,
-                                         repeats, cfg.repeat_tau)[0])
+            guarded = accept_length(c, tau, cfg.max_tokens_per_pass, repeat_flags_list(row.tokens, t), cfg.repeat_tau)
         return Outcome(t[:guarded], c[:guarded], t[guarded:], c[guarded:], proposal_logits=logits,
                        repeat_guard=guarded < n)
 
@@ -137,8 +137,8 @@ class VerifiedMode:
         if m in idx:
             g = groups[idx.index(m)]
             tok, conf = choose_and_score(g, cfg.confidence, confidence_logits=calibrate_logits(g, self.temperatures, 0))
-            keep = accept_lengths(torch.cat([conf.new_ones(1), conf])[None], tau)[0] - 1  # leading conf >= tau
-            tok, conf, keep = to_host(tok, conf, keep)
+            tok, conf = to_host(tok, conf)
+            keep = accept_length([1.0] + conf, tau) - 1  # leading conf >= tau
             if cfg.max_tokens_per_pass is not None:
                 keep = min(keep, cfg.max_tokens_per_pass - 1)
             row.drafts, row.draft_conf = tok[:keep], conf[:keep]

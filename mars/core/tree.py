@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import calibrate_logits, choose_and_score
+from mars.core.acceptance import calibrate_logits, choose_and_score, to_host
 from mars.core.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
 from mars.core.masks import tree_depths
 from mars.core.modes import Outcome, RowPlan
@@ -91,32 +91,60 @@ def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, co
     copies: a lookup chain under the root; copy k's value is copy_share[k] (the measured chance that it is
     accepted). A token proposed by both sources is one node, with the larger value. Children are pushed when
     their parent enters, so the tree is closed under ancestors whatever the values.
+
+    Candidates come likeliest first, so a node's children enter the heap one at a time: the next sibling when
+    the previous one leaves it (each keeps the heap order, value then push order, it would have had if all
+    were pushed at once, so the tree is the same; a list that is not sorted is pushed whole).
     """
     tree = DraftTree()
     at: dict[tuple[int, int], int] = {}
-    heap: list[tuple[float, int, int, int, float, int]] = []  # (-value, seq, parent, token, prob, copy index)
+    # (-value, seq, parent, token, prob, copy index, sibling): sibling = (tokens, probs, i, count, value, base, parent)
+    heap: list[tuple] = []
     seq = 0
+
+    # per depth, once: its candidates, how many pass tau (up to the first one below it), whether likeliest first
+    levels = []
+    for toks, probs in dists if tau < 1.0 else ():
+        count = 0
+        for _, p in zip(toks, probs):
+            if p < tau:
+                break
+            count += 1
+        levels.append((toks, probs, count, all(probs[i + 1] <= probs[i] for i in range(count - 1))))
 
     def push_masks(parent: int, depth: int, value: float):
         nonlocal seq
-        if depth <= len(dists) and tau < 1.0:
-            for t, p in zip(*dists[depth - 1]):
-                if p < tau:
-                    break
-                heapq.heappush(heap, (-value * p, seq, parent, t, p, -1))
-                seq += 1
+        if depth > len(levels) or not levels[depth - 1][2]:
+            return
+        toks, probs, count, in_order = levels[depth - 1]
+        base, seq = seq, seq + count  # the push order of all `count` children, reserved now
+        if in_order:
+            heapq.heappush(heap, (-value * probs[0], base, parent, toks[0], probs[0], -1,
+                                  (toks, probs, 0, count, value, base, parent)))
+        else:
+            for i in range(count):
+                heapq.heappush(heap, (-value * probs[i], base + i, parent, toks[i], probs[i], -1, None))
+
+    def push_sibling(sib):
+        toks, probs, i, count, value, base, parent = sib
+        if i + 1 < count:
+            j = i + 1
+            heapq.heappush(heap, (-value * probs[j], base + j, parent, toks[j], probs[j], -1,
+                                  (toks, probs, j, count, value, base, parent)))
 
     def push_copy(parent: int, k: int):
         nonlocal seq
         if k < len(copies):
             share = copy_share[k] if k < len(copy_share) else 0.0
-            heapq.heappush(heap, (-share, seq, parent, copies[k], share, k))
+            heapq.heappush(heap, (-share, seq, parent, copies[k], share, k, None))
             seq += 1
 
     push_masks(-1, 1, 1.0)
     push_copy(-1, 0)
     while heap and len(tree) < budget:
-        neg, _, parent, t, p, k = heapq.heappop(heap)
+        neg, _, parent, t, p, k, sib = heapq.heappop(heap)
+        if sib is not None:
+            push_sibling(sib)
         if (parent, t) in at:  # both sources proposed it: the copy chain continues under the one node
             node = at[(parent, t)]
             if k >= 0 and not tree.copied[node]:
@@ -225,8 +253,8 @@ class TreeMode:
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         tree = self.trees.pop(row.index)
-        ar_tok, ar_conf = choose_and_score(main, "prob")  # greedy: the model's own choice after each input
-        ar_tok, ar_conf = ar_tok.tolist(), ar_conf.tolist()
+        # greedy: the model's own choice after each input; both lists in one copy from the device
+        ar_tok, ar_conf = to_host(*choose_and_score(main, "prob"))
         path = walk(tree, ar_tok)
         end = path[-1] if path else -1
         rows = [0] + [i + 1 for i in path]  # main's rows before each accepted token
@@ -242,7 +270,7 @@ class TreeMode:
         depth_cands = tree.candidates_by_depth()
         out = Outcome([tree.tokens[i] for i in path] + [ar_tok[end + 1]], [ar_conf[r] for r in rows],
                       [tree.tokens[i] for i in rejected], [tree.probs[i] for i in rejected], n_verified=m,
-                      proposal_logits=main[rows], tree_depths=depth_cands, tree_path=[tree.tokens[i] for i in path])
+                      proposal_logits=_take(main, rows), tree_depths=depth_cands, tree_path=[tree.tokens[i] for i in path])
         self.dists[row.index] = self._next_dists(tree, plan, end, groups)
         return out
 
@@ -261,6 +289,14 @@ class TreeMode:
         temps = self.temperatures[skip:] if self.temperatures else None  # mask index = skip + row of g
         assert node < 0 or depth[end] - depth[node] == skip
         return top_candidates(g, min(self.nodes, MAX_BRANCH), temps)
+
+
+def _take(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """logits[rows]; rows 0, 1, ..., k (a path on the top-1 chain: the common case) as a slice, which on a GPU
+    needs no copy of the index list to the device."""
+    if rows == list(range(len(rows))):
+        return logits[: len(rows)]
+    return logits[rows]
 
 
 def _prune(tree: DraftTree, max_depth: int) -> DraftTree:

@@ -1,0 +1,341 @@
+"""Host time per decoding step, per mode: the decoder's own work with a forward pass that costs ~nothing.
+
+On a GPU a pass costs about the same at any width (2.1-2.6 ms on an H200, docs/gpu.md), so what a MARS,
+verified or tree step adds over an AR step is host work: windows, masks, positions, acceptance, records,
+tree growth. This measures exactly that on the CPU: the model is replaced by a stub whose forward gathers
+precomputed logits (a few microseconds), so wall time / passes is the decoder's host time per step.
+
+The stub is a "model" with a hidden text per row: a real input at position p predicts that text's token
+p+1 (confidently), a mask at position p predicts it too, but only some of the time and with a varying
+confidence (otherwise a random token): drafts are sometimes right, sometimes wrong, as with a trained
+adapter. The text repeats phrases, so n-gram lookup finds copies. Vocabulary: the tests' tiny tokenizer.
+
+Backends: `stub` (the decoder alone) and `static` (the same stub behind mars.core.static.StaticBackend's
+host side: padding, the full-width mask, the gather of the kept logits; its model call replaced).
+
+    PYTHONPATH=$PWD python scripts/host_cost.py                    # this tree, every mode, batch 1 and 8
+    PYTHONPATH=$PWD python scripts/host_cost.py --compare /tmp/old  # old tree vs this one, interleaved
+    PYTHONPATH=$PWD python scripts/host_cost.py --modes tree:32 --batches 1 --profile   # where the time goes
+
+--compare runs this script on each tree in turn (a fresh process, PYTHONPATH set to the tree), round by
+round, and prints ms per step side by side with the ratio old / new (median over rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import weakref
+import zlib
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# name -> DecodeConfig fields, as the benchmark runs them (mars.evaluation.bench: VERIFIED, verify_tau 0)
+MODES = {
+    "ar": dict(mode="ar", tau=1.0),
+    "mars:0.9": dict(mode="mars", tau=0.9),
+    "mars:0.7": dict(mode="mars", tau=0.7),
+    "verified": dict(mode="verified", tau=0.0, verify_groups="all", drafts="mars"),
+    "verified_last": dict(mode="verified", tau=0.0, verify_groups="last", drafts="mars"),
+    "verified_both": dict(mode="verified", tau=0.0, verify_groups="last", drafts="both"),
+    "tree:16": dict(mode="verified", tau=0.0, verify_groups="all", drafts="both", tree_nodes=16),
+    "tree:32": dict(mode="verified", tau=0.0, verify_groups="all", drafts="both", tree_nodes=32),
+}
+MAX_POS = 512
+
+
+class StubLM:
+    """Precomputed logits per (row, position), for real inputs and for masks: (rows, MAX_POS, V) each."""
+
+    def __init__(self, vocab: int, mask_id: int, rows: int, seed: int = 0, first_word: int = 5):
+        g = torch.Generator().manual_seed(seed)
+        words = torch.arange(first_word, vocab)  # no special token (no EOS: every run goes to its length)
+        phrases = [words[torch.randint(len(words), (int(n),), generator=g)]
+                   for n in torch.randint(2, 6, (12,), generator=g)]
+        texts = []
+        for _ in range(rows):  # each row's hidden text: phrases, and now and then a random word
+            parts, n = [], 0
+            while n < MAX_POS + 1:
+                if torch.rand((), generator=g) < 0.3:
+                    parts.append(words[torch.randint(len(words), (1,), generator=g)])
+                else:
+                    parts.append(phrases[int(torch.randint(len(phrases), (), generator=g))])
+                n += len(parts[-1])
+            texts.append(torch.cat(parts)[: MAX_POS + 1])
+        self.texts = torch.stack(texts)  # (rows, MAX_POS + 1)
+        nxt = self.texts[:, 1:]  # (rows, MAX_POS): the token after each position
+        noise = torch.randn(rows, MAX_POS, vocab, generator=g)
+        self.real = noise.clone()
+        self.real.scatter_(-1, nxt[..., None], 12.0)  # AR: confident and right
+        self.mask = noise * 1.5
+        right = torch.rand(rows, MAX_POS, generator=g) < 0.6
+        guess = torch.where(right, nxt, torch.randint(first_word, vocab, (rows, MAX_POS), generator=g))
+        self.mask.scatter_(-1, guess[..., None], (4.0 + 8.0 * torch.rand(rows, MAX_POS, 1, generator=g)))
+        self.mask_id = mask_id
+
+    def logits(self, rows: list[int], ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """(b, W, V) for the given original rows' inputs."""
+        r = torch.tensor(rows)[:, None].expand_as(positions)
+        p = positions.clamp(0, MAX_POS - 1)
+        return torch.where((ids == self.mask_id)[..., None], self.mask[r, p], self.real[r, p])
+
+
+class StubBackend:
+    """The decoder's backend interface (mars.core.backends) over StubLM: forward costs a gather."""
+
+    def __init__(self, stub: StubLM, batch: int):
+        self.stub, self.rows, self.length = stub, list(range(batch)), 0
+
+    def forward(self, ids, positions, allowed, keep):
+        self.length += ids.shape[1]
+        return _mark(self.stub.logits(self.rows, ids, positions))[:, keep]
+
+    def truncate(self, n):
+        self.length = n
+
+    def select(self, rows):
+        self.rows = [self.rows[i] for i in rows]
+
+
+def static_stub_backend(stub: StubLM, batch: int, capacity: int):
+    """mars.core.static.StaticBackend with its model call replaced by the stub: its host side, as it runs."""
+    from mars.core import static
+
+    class FakeState:
+        def __init__(self, b, cap):
+            self.batch, self.capacity, self.length, self.graphs = b, cap, 0, {}
+            self.k = self.v = torch.zeros(1, b, 1, cap + static.WIDTHS[-1], 1)
+
+        @property
+        def columns(self):
+            return self.k.shape[3]
+
+    class FakeSLM:
+        device = torch.device("cpu")
+        graphs_on = False
+        max_positions = MAX_POS
+        mask_token_id = stub.mask_id
+
+        def __init__(self):
+            self.shapes = set()
+
+        def acquire(self, b, cap):
+            return FakeState(b, cap)
+
+        def release(self, state):
+            pass
+
+        def run(self, state, ids, pos, allowed, cols, gated):
+            b = len(be.rows_of)
+            out = torch.zeros(ids.shape + (stub.real.shape[-1],))
+            out[:b] = stub.logits(be.rows_of, ids[:b], pos[:b])
+            return _mark(out)
+
+    be = static.StaticBackend.__new__(static.StaticBackend)
+    import weakref
+
+    be.slm = FakeSLM()
+    be.state = be.slm.acquire(static.bucket(batch, static.BATCHES) or batch, static.round_capacity(capacity))
+    be.rows = batch
+    be.rows_of = list(range(batch))
+    be._finalizer = weakref.finalize(be, lambda: None)
+    be.pad_id = 0
+    plain_select = static.StaticBackend.select
+
+    def select(rows):
+        be.rows_of = [be.rows_of[i] for i in rows]
+        plain_select(be, rows)
+
+    be.select = select
+    return be
+
+
+def prompts_for(batch: int, vocab: int, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(5, vocab, (int(n),), generator=g).tolist()
+            for n in torch.randint(20, 40, (batch,), generator=g)]
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the tensor operations run: all of them (`n`), and those on the logits or on anything computed
+    from them (`on_logits`): where the logits live on a GPU, each of those is a kernel launch, the host's
+    cost of scoring and accepting there. The stub marks the logits it returns (`OpCounter.mark`)."""
+
+    active: "OpCounter | None" = None
+
+    def __init__(self):
+        super().__init__()
+        self.n = self.on_logits = 0
+        self.marked: dict[int, weakref.ref] = {}
+
+    def mark(self, t: torch.Tensor):
+        key = id(t)
+        self.marked[key] = weakref.ref(t, lambda _, k=key: self.marked.pop(k, None))
+
+    def _is_marked(self, x) -> bool:
+        ref = self.marked.get(id(x))
+        return ref is not None and ref() is x
+
+    def __enter__(self):
+        OpCounter.active = self
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        OpCounter.active = None
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        out = func(*args, **(kwargs or {}))
+        flat = [*args, *(kwargs or {}).values()]
+        flat += [y for x in flat if isinstance(x, (list, tuple)) for y in x]
+        if any(isinstance(x, torch.Tensor) and self._is_marked(x) for x in flat):
+            self.on_logits += 1
+            for y in (out if isinstance(out, (list, tuple)) else [out]):
+                if isinstance(y, torch.Tensor):
+                    self.mark(y)
+        return out
+
+
+def _mark(t: torch.Tensor) -> torch.Tensor:
+    if OpCounter.active is not None:
+        OpCounter.active.mark(t)
+    return t
+
+
+def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block: int, count_ops: bool = False):
+    """(ms per step, passes, tensor ops per step or None, the records) of one decode with the stub backend.
+    The stub's own forward is counted too (a gather: a handful of ops per pass)."""
+    from mars.core import cache as cache_mod
+    from mars.core.decoding import DecodeConfig, generate_ids
+
+    def make(model, name, b, capacity, use_cache=True):
+        return StubBackend(stub, b) if backend == "stub" else static_stub_backend(stub, b, capacity)
+
+    cache_mod.make_backend = make  # the BlockCache's backend: the stub
+    cfg = DecodeConfig(block_size=block, max_new_tokens=max_new, **MODES[mode])
+    prompts = prompts_for(batch, len(lm.tokenizer))
+    from mars.core import masks
+
+    for name in dir(masks):  # a cold start: no shape kept from an earlier run of the same prompts
+        if hasattr(getattr(masks, name), "cache_clear"):
+            getattr(masks, name).cache_clear()
+    counter = OpCounter() if count_ops else contextlib.nullcontext()
+    t0 = time.perf_counter()
+    with counter:
+        runs = generate_ids(lm, prompts, cfg)
+    dt = time.perf_counter() - t0
+    passes = len({s.pass_index for r in runs for s in r.steps})
+    # what must not change: every record's fields but its wall time
+    records = [[{k: v for k, v in s.to_dict().items() if k != "seconds"} for s in r.steps] for r in runs]
+    ops = (counter.n / passes, counter.on_logits / passes) if count_ops else None
+    return 1e3 * dt / passes, passes, ops, records
+
+
+def worker(args) -> dict:
+    sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.tiny; `mars` stays PYTHONPATH's
+    from tests.tiny import make_loaded
+
+    import mars
+
+    torch.set_num_threads(1)
+    lm = make_loaded()
+    stub = StubLM(len(lm.tokenizer), lm.mask_token_id, max(args.batches))
+    out = {"tree": str(Path(mars.__file__).parent.parent)}  # the tree the decoder was imported from
+    for batch in args.batches:
+        for mode in args.modes:
+            for backend in args.backends:
+                run_once(lm, stub, backend, mode, batch, 16, args.block)  # warm-up
+                times = []
+                for _ in range(args.repeats):
+                    ms, passes, _, ids = run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
+                    times.append(ms)
+                ops = run_once(lm, stub, backend, mode, batch, args.max_new, args.block, count_ops=True)[2]
+                out[f"{mode}|{batch}|{backend}"] = dict(ms=min(times), passes=passes, ops=ops[0], dev=ops[1],
+                                                        digest=zlib.crc32(json.dumps(ids).encode()))
+    return out
+
+
+def profile(args):
+    import cProfile
+    import pstats
+
+    sys.path.append(str(Path(__file__).resolve().parent.parent))
+    from tests.tiny import make_loaded
+
+    torch.set_num_threads(1)
+    lm = make_loaded()
+    stub = StubLM(len(lm.tokenizer), lm.mask_token_id, max(args.batches))
+    pr = cProfile.Profile()
+    pr.enable()
+    for batch in args.batches:
+        for mode in args.modes:
+            for backend in args.backends:
+                run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
+    pr.disable()
+    pstats.Stats(pr).sort_stats("tottime").print_stats(args.top)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--backends", nargs="+", default=["stub", "static"], choices=["stub", "static"])
+    ap.add_argument("--max-new", type=int, default=96)
+    ap.add_argument("--block", type=int, default=4, help="block size (the shipped adapter's: 4)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per cell in a process; the fastest counts")
+    ap.add_argument("--rounds", type=int, default=3, help="--compare: processes per tree, alternating")
+    ap.add_argument("--compare", default=None, help="another tree (e.g. a git worktree of an old commit)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the runs instead of timing them")
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--json", action="store_true", help="(internal) print the worker's result as JSON")
+    args = ap.parse_args(argv)
+    if args.profile:
+        profile(args)
+        return 0
+    if args.json:
+        print(json.dumps(worker(args)))
+        return 0
+    here = Path(__file__).resolve().parent.parent
+    trees = {"old": Path(args.compare).resolve(), "new": here} if args.compare else {"this": here}
+    passthrough = [a for a in (argv if argv is not None else sys.argv[1:])]
+    if "--compare" in passthrough:
+        i = passthrough.index("--compare")
+        del passthrough[i:i + 2]
+    results = {name: [] for name in trees}
+    for _ in range(args.rounds if args.compare else 1):
+        for name, tree in trees.items():
+            env = dict(os.environ, PYTHONPATH=str(tree))
+            proc = subprocess.run([sys.executable, __file__, *passthrough, "--json"], env=env,
+                                  capture_output=True, text=True, check=True)
+            results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for name, tree in trees.items():
+        assert all(r.pop("tree") == str(tree) for r in results[name]), f"{name}: mars imported from another tree"
+    keys = list(results[next(iter(trees))][0])
+    print(f"host ms per decoding step (passes), stub forward, 1 thread, {args.max_new} new tokens, block {args.block}"
+          + (f"; median over {args.rounds} alternating processes per tree" if args.compare else ""))
+    head = f"{'mode':<15}{'batch':>6} {'backend':<8}" + "".join(f"{n + ' ms (passes) ops logit-ops':>36}" for n in trees)
+    print(head + ("   old/new  same records" if args.compare else ""))
+    for k in keys:
+        mode, batch, backend = k.split("|")
+        cells = {n: statistics.median(r[k]["ms"] for r in results[n]) for n in trees}
+        line = f"{mode:<15}{batch:>6} {backend:<8}" + "".join(
+            f"{cells[n]:15.3f} ({results[n][0][k]['passes']:>4}) {results[n][0][k]['ops']:5.0f} {results[n][0][k]['dev']:5.1f}"
+            for n in trees)
+        if args.compare:
+            same = results["old"][0][k]["digest"] == results["new"][0][k]["digest"]
+            line += f"   {cells['old'] / cells['new']:6.2f}x  {'yes' if same else 'NO'}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
