@@ -98,19 +98,21 @@ void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, floa
 /* y (n x m) = (q + r * (1/254)) * sx[row] * sw[col] (+ bias) (+ res): the rescale of the integer sums acc
    (2n x m) = [q ; r] of the rows and their residuals, as mars.core.quant.Int8Linear's tensor ops do it
    (add with alpha, which ATen computes as one fma). res: the residual stream to add (row stride ldr), or NULL. */
+/* One output: (q + r * (1/254)) * sx * sw (+ bias) (+ res), in this order (the tensor ops' order). The one
+   rescale of every path: after oneDNN's sums (mars_combine_rows2) and after the C product (block_rescale). */
+static inline float rescale(float q, float r, float sx, float sw, const float *bias, const float *res) {
+    float v = fmaf(r, (float)(1.0 / 254.0), q) * sx * sw;
+    if (bias) v += *bias;
+    if (res) v = *res + v;
+    return v;
+}
+
 void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx, const float *sw,
                         const float *bias, const float *res, int64_t ldr, float *y) {
-    const float alpha = (float)(1.0 / 254.0);
     for (int64_t i = 0; i < n; i++) {
         const float *q = acc + i * m, *r = acc + (n + i) * m;
-        const float s = sx[i];
-        float *out = y + i * m;
-        for (int64_t o = 0; o < m; o++) out[o] = fmaf(r[o], alpha, q[o]) * s * sw[o];
-        if (bias) for (int64_t o = 0; o < m; o++) out[o] += bias[o];
-        if (res) {
-            const float *rr = res + i * ldr;
-            for (int64_t o = 0; o < m; o++) out[o] = rr[o] + out[o];
-        }
+        for (int64_t o = 0; o < m; o++)
+            y[i * m + o] = rescale(q[o], r[o], sx[i], sw[o], bias ? bias + o : NULL, res ? res + i * ldr + o : NULL);
     }
 }
 
@@ -192,15 +194,11 @@ static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const 
 static inline void block_rescale(int32_t s[][OB], int64_t n, int64_t o0, int64_t o1, const int32_t *wsum,
                                  const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr,
                                  float *y, int64_t m) {
-    const float alpha = (float)(1.0 / 254.0);
     for (int64_t i = 0; i < n; i++)
         for (int64_t o = o0; o < o1; o++) {
             const int32_t off = 128 * wsum[o];
-            const float q = (float)(s[i][o - o0] - off), r = (float)(s[n + i][o - o0] - off);
-            float v = fmaf(r, alpha, q) * sx[i] * sw[o];
-            if (bias) v += bias[o];
-            if (res) v = res[i * ldr + o] + v;
-            y[i * m + o] = v;
+            y[i * m + o] = rescale((float)(s[i][o - o0] - off), (float)(s[n + i][o - o0] - off), sx[i], sw[o],
+                                   bias ? bias + o : NULL, res ? res + i * ldr + o : NULL);
         }
 }
 

@@ -65,7 +65,7 @@ RESIDUAL_STEPS = 254  # the residual of rounding is in [-1/2, 1/2] step: 254 lev
 
 def quantize_rows2(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows at ~16 bits as two int8 rows each: x ~ s_x * (x_q + r_q / RESIDUAL_STEPS), stacked [x_q | r_q]
-    (2n, in), so that one `_int_mm` streams the weights once for both (2 rows cost ~1 row: the pass is
+    (2n, in), so that one product streams the weights once for both (2 rows cost ~1 row: the pass is
     weight-bound). Returns (stacked int8, s_x (n,))."""
     amax = torch.linalg.vector_norm(x, float("inf"), dim=1).clamp_min_(torch.finfo(x.dtype).tiny)
     u = (x * (ACT_MAX / amax)[:, None]).nan_to_num_(0.0)  # in [-127, 127]; a zero row: 0 * inf -> 0
@@ -96,11 +96,12 @@ class Int8Linear(_Linear):
     """The fast path's `_Linear` (fused outputs, float gated deltas) with int8 weights.
 
     Activation rows run at ~16 bits as two int8 rows each (`quantize_rows2`), in the same product. Per call:
-    quantize the rows, one integer product, rescale. The products run on oneDNN's int8 linear with the
-    weights packed once (measured here on the default model's 121 matrices, 2 rows: 10.8 ms against 13.0 ms
-    for `torch._int_mm` on the plain layout), scaled by 1 so that it returns the exact integer sums as
-    float32 (|sum| <= 1536 * 127 * 64 < 2^24 for this model's widths), and the rows are quantized and
-    rescaled by mars.core.cpu_kernels' C loops (tensor ops where they cannot be built, or for float64)."""
+    quantize the rows, one integer product, rescale. Passes of up to MAX_C_ROWS tokens run the C product
+    (mars.core.cpu_kernels, on its blocked copy of the weights); longer ones, and every pass where the C
+    kernels cannot be built or the rows are not float32, run oneDNN's int8 linear on weights packed once
+    (`torch._int_mm` where oneDNN's is missing), scaled by 1 so that it returns the exact integer sums as
+    float32 (|sum| <= 1536 * 127 * 64 < 2^24 for this model's widths). Both copies of the weights are kept:
+    the int8 weights' bytes twice, still half of float32's."""
 
     def __init__(self, mods: list, lora: tuple | None = None):
         if mods[0].weight.device.type != "cpu":  # CUDA's _int_mm wants > 16 rows: no use for decoding
