@@ -281,6 +281,137 @@ void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t
         block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
     }
 }
+
+/* The gated adapter's delta at a few rows, added in place: y[g] += B (A h[g]) for each row index g in rows
+   (row g of h and of y), as mars.core.fastpath._Linear._delta adds it at the rows whose gate is 1 (the other
+   rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 8) and B as segments,
+   one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
+   segment's B transposed (columns x outputs) in bt): block_diag's zero blocks are never read. Both in
+   float16, the adapter's own values (it ships in float16), so widening them to float32 is exact.
+   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), so the
+   result does not depend on the thread count; then y += B t, split across threads by output. */
+#define MAXR 256
+static inline float half_to_float(uint16_t v) {
+    const uint32_t sign = (uint32_t)(v & 0x8000) << 16, e = (v >> 10) & 31, f = v & 1023;
+    uint32_t bits;
+    if (e == 31) bits = sign | 0x7f800000u | (f << 13);
+    else if (e) bits = sign | ((e + 112) << 23) | (f << 13);
+    else if (!f) bits = sign;
+    else {  /* subnormal: normalise */
+        int sh = 0;
+        uint32_t m = f;
+        while (!(m & 1024)) { m <<= 1; sh++; }
+        bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 1023) << 13);
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+/* Both products keep up to 4 rows by 4 vectors of outputs in registers; each output is its own sum of fmas in
+   a fixed order (c, or jj, ascending), so 16 lanes, 8 lanes or the scalar loop give the same bits. */
+#if defined(__AVX512F__)
+#define VL 16
+typedef __m512 vf;
+#define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VSET1 _mm512_set1_ps
+#define VFMA _mm512_fmadd_ps
+#define VZERO _mm512_setzero_ps
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VADD _mm512_add_ps
+#elif defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+#define VL 8
+typedef __m256 vf;
+#define VLOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VSET1 _mm256_set1_ps
+#define VFMA _mm256_fmadd_ps
+#define VZERO _mm256_setzero_ps
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VADD _mm256_add_ps
+#endif
+
+void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, int64_t k, const uint16_t *at,
+                    int64_t R, const uint16_t *bt, const int64_t *seg, int64_t nseg, float *y, int64_t ldy) {
+    float part[2][MAXROWS / 2][MAXR];
+    #pragma omp parallel
+    {
+        /* t = A h in two fixed halves of k: part[p][i][j] = sum over c in half p of A[j][c] * h[i][c] */
+        #pragma omp for schedule(static)
+        for (int p = 0; p < 2; p++) {
+            const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
+            for (int64_t i0 = 0; i0 < n; i0 += 4) {
+                const int64_t nr = n - i0 < 4 ? n - i0 : 4;
+                const float *hr[4];
+                for (int64_t r = 0; r < 4; r++) hr[r] = h + rows[i0 + (r < nr ? r : 0)] * ldh;
+#if defined(VL)
+                for (int64_t j0 = 0; j0 < R; j0 += 4 * VL) {  /* R is a multiple of 16 */
+                    const int64_t nv = (R - j0) / VL < 4 ? (R - j0) / VL : 4;
+                    vf acc[4][4];
+                    for (int r = 0; r < 4; r++)
+                        for (int v = 0; v < 4; v++) acc[r][v] = VZERO();
+                    for (int64_t c = c0; c < c1; c++) {
+                        vf a[4];
+                        for (int v = 0; v < 4; v++)
+                            if (v < nv) a[v] = VLOADH(at + c * R + j0 + v * VL);
+                        for (int r = 0; r < 4; r++) {
+                            if (r >= nr) break;
+                            const vf hb = VSET1(hr[r][c]);
+                            for (int v = 0; v < 4; v++)
+                                if (v < nv) acc[r][v] = VFMA(a[v], hb, acc[r][v]);
+                        }
+                    }
+                    for (int r = 0; r < nr; r++)
+                        for (int v = 0; v < nv; v++) VSTORE(part[p][i0 + r] + j0 + v * VL, acc[r][v]);
+                }
+#else
+                for (int64_t r = 0; r < nr; r++)
+                    for (int64_t j = 0; j < R; j++) {
+                        float acc = 0.0f;
+                        for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[r][c], acc);
+                        part[p][i0 + r][j] = acc;
+                    }
+#endif
+            }
+        }
+        /* y[g] += B t, split by output across threads: each thread sums the halves itself (n x R adds) */
+        float t[MAXROWS / 2][MAXR];
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
+        for (int64_t s = 0; s < nseg; s++) {
+            const int64_t o_lo = seg[5 * s], o_n = seg[5 * s + 1], r_lo = seg[5 * s + 2], r_n = seg[5 * s + 3];
+            const uint16_t *bs = bt + seg[5 * s + 4];
+            #pragma omp for schedule(static) nowait
+            for (int64_t o = 0; o < o_n; o += 32)
+                for (int64_t i0 = 0; i0 < n; i0 += 4) {
+                    const int64_t nr = n - i0 < 4 ? n - i0 : 4;
+                    float *yr[4];
+                    for (int64_t r = 0; r < nr; r++) yr[r] = y + rows[i0 + r] * ldy + o_lo;
+                    int64_t q = o, q1 = o + 32 < o_n ? o + 32 : o_n;
+#if defined(VL)
+                    for (; q + VL <= q1; q += VL) {
+                        vf acc[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
+                        for (int64_t jj = 0; jj < r_n; jj++) {
+                            const vf b = VLOADH(bs + jj * o_n + q);
+                            for (int r = 0; r < 4; r++) {
+                                if (r >= nr) break;
+                                acc[r] = VFMA(b, VSET1(t[i0 + r][r_lo + jj]), acc[r]);
+                            }
+                        }
+                        for (int r = 0; r < nr; r++) VSTORE(yr[r] + q, VADD(VLOAD(yr[r] + q), acc[r]));
+                    }
+#endif
+                    for (; q < q1; q++)
+                        for (int64_t r = 0; r < nr; r++) {
+                            float acc = 0.0f;
+                            for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf(half_to_float(bs[jj * o_n + q]), t[i0 + r][r_lo + jj], acc);
+                            yr[r][q] = yr[r][q] + acc;
+                        }
+                }
+        }
+    }
+}
 """
 
 _LOCK = threading.Lock()
@@ -295,7 +426,7 @@ def _arch_flags() -> list[str]:
     from mars.core.fastpath import cpu_flags
 
     if os.environ.get("MARS_CPU_FLAGS") and "avx512f" not in (cpu_flags() or set()):
-        return ["-mavx2", "-mfma"]  # the suite's AVX2-only run: code that an AVX2 CPU can run
+        return ["-mavx2", "-mfma", "-mf16c"]  # the suite's AVX2-only run: code that an AVX2 CPU can run
     return ["-march=native"]
 
 
@@ -355,6 +486,8 @@ def _compile(cc: str, flags: list[str], lib: Path) -> tuple[ctypes.CDLL | None, 
     so.mars_silu_mul_quant.restype = None
     so.mars_gemv_rows2.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr]
     so.mars_gemv_rows2.restype = None
+    so.mars_lora_rows.argtypes = [ptr, i64, ptr, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    so.mars_lora_rows.restype = None
     so.mars_block.argtypes = []
     so.mars_block.restype = ctypes.c_int
     so.mars_gemv_amx.argtypes = so.mars_gemv_rows2.argtypes
@@ -463,4 +596,49 @@ def combine_rows2(lib, acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bi
     lib.mars_combine_rows2(acc.data_ptr(), n, m, sx.data_ptr(), sw.data_ptr(),
                            None if bias is None else bias.data_ptr(),
                            None if res is None else res.data_ptr(), 0 if res is None else res.stride(0), y.data_ptr())
+    return y
+
+
+MAX_LORA_COLUMNS = 256  # the C delta's t = A h holds at most this many values per row (MAXR in SOURCE)
+
+
+class LoraWeights:
+    """A fused Linear's gated deltas laid out for `mars_lora_rows`: A transposed (k, R) and B's non-zero blocks
+    transposed, in float16; `None` from `of` where they do not fit that (see SOURCE)."""
+
+    def __init__(self, at: torch.Tensor, bt: torch.Tensor, seg: torch.Tensor):
+        self.at, self.bt, self.seg = at, bt, seg
+
+    @classmethod
+    def of(cls, a: torch.Tensor, b: torch.Tensor, out_sizes: list[int]) -> "LoraWeights | None":
+        """a (R, k), b (m, R) block-diagonal by the fused modules' outputs `out_sizes` (GatedLoRA.fused), or
+        None when a value is not exactly a float16 (the float tensor ops keep them then) or R is too large."""
+        a, b = a.float(), b.float()
+        R, k = a.shape
+        Rp = -(-R // 16) * 16
+        if Rp > MAX_LORA_COLUMNS or not (torch.equal(a.half().float(), a) and torch.equal(b.half().float(), b)):
+            return None
+        at = torch.zeros(k, Rp, dtype=torch.float16)
+        at[:, :R] = a.t().half()
+        seg, blocks, off, o_lo = [], [], 0, 0
+        for m in out_sizes:
+            part = b[o_lo:o_lo + m]
+            cols = part.abs().sum(dim=0).nonzero().flatten()  # this module's block: its non-zero columns
+            if len(cols):
+                r_lo, r_hi = int(cols[0]), int(cols[-1]) + 1
+                blocks.append(part[:, r_lo:r_hi].t().contiguous().half().flatten())
+                seg += [o_lo, m, r_lo, r_hi - r_lo, off]
+                off += blocks[-1].numel()
+            o_lo += m
+        bt = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.float16)
+        return cls(at.view(torch.int16), bt.view(torch.int16), torch.tensor(seg, dtype=torch.long))
+
+
+def lora_rows(lib, h: torch.Tensor, rows: torch.Tensor, w: LoraWeights, y: torch.Tensor) -> torch.Tensor:
+    """y[g] += B (A h[g]) for g in rows (int64, at most MAX_C_ROWS), in place: see SOURCE. h (n, k) and y (n, m)
+    float32 with contiguous rows; returns y."""
+    if rows.numel() > MAX_C_ROWS:
+        raise ValueError(f"the C delta takes at most {MAX_C_ROWS} rows, got {rows.numel()}")
+    lib.mars_lora_rows(h.data_ptr(), h.stride(0), rows.data_ptr(), rows.numel(), h.shape[1], w.at.data_ptr(),
+                       w.at.shape[1], w.bt.data_ptr(), w.seg.data_ptr(), w.seg.numel() // 5, y.data_ptr(), y.stride(0))
     return y

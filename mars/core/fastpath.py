@@ -146,18 +146,21 @@ class _Linear:
             self.bias = None if bias is None else bias.to(dtype)
 
     def __call__(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        """gate: None, or (b, W, 1) in x's dtype, 1 at the rows the gated adapter acts at, 0 elsewhere.
-        The delta is computed for every row and multiplied by the gate: a handful of rows cost less that
-        way than gathering and scattering the gated ones, and a real row gets exactly + 0. Folding A into the
-        packed matrix as extra output rows was measured slower (a 5-row pass's matmuls: 1.44x the bare ones
-        folded, 1.20x as here), so A runs as its own small matmul."""
+        """gate: None, or (b, W, 1) in x's dtype, 1 at the rows the gated adapter acts at, 0 elsewhere (or a
+        `Gate`, which carries that multiplier)."""
         return self._delta(self._base(x), x, gate)
 
-    def _delta(self, y: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    # Why the multiplier and not the rows:
+    # the delta is computed for every row and multiplied by the gate: a handful of rows cost less that way
+    # than gathering and scattering the gated ones, and a real row gets exactly + 0. Folding A into the packed
+    # matrix as extra output rows was measured slower (a 5-row pass's matmuls: 1.44x the bare ones folded,
+    # 1.20x as here), so A runs as its own small matmul. The int8 matrices' C kernels do take the rows.
+
+    def _delta(self, y: torch.Tensor, x: torch.Tensor, gate: "torch.Tensor | Gate | None") -> torch.Tensor:
         """y + the gated adapter's delta of input x at the gated rows (y unchanged without one)."""
         if self.lora is not None and gate is not None:
             a, b = self.lora
-            y.addcmul_((x @ a.T) @ b.T, gate)
+            y.addcmul_((x @ a.T) @ b.T, gate.mult if isinstance(gate, Gate) else gate)
         return y
 
     # The layer's steps around a matrix, as methods so that the int8 matrices (mars.core.quant) can fuse them
@@ -184,6 +187,18 @@ class _Linear:
             ys = [F.linear(xs, w, b) for w, b in self.parts]
             y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
         return y if y.dtype == in_dtype else y.to(in_dtype)
+
+
+class Gate:
+    """The rows a pass's gated adapter acts at (its mask inputs), in the two forms its deltas use: `mult`, a
+    (b, W, 1) 0/1 multiplier for the tensor ops, and `rows`, the flat indices of those rows (b * W order) for
+    the C kernels of the int8 matrices (mars.core.quant), which add the delta at those rows only."""
+
+    __slots__ = ("mult", "rows")
+
+    def __init__(self, is_mask: torch.Tensor, dtype: torch.dtype):
+        self.mult = is_mask.unsqueeze(-1).to(dtype)
+        self.rows = is_mask.flatten().nonzero().flatten()
 
 
 def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = None):
@@ -347,10 +362,10 @@ class FastLM:
             mask = additive_mask(allowed, self.dtype)[:, None]  # (b, 1, W, C+W)
         cos, sin = self._rope(positions)  # (b, W, 1, hd)
         half = hd // 2
-        g = None  # rows the gated adapter acts at, as a 0/1 multiplier (none: no mask in this pass)
+        g = None  # rows the gated adapter acts at (none: no mask in this pass)
         if self.gated is not None:
             is_mask = ids == self.gated.mask_token_id
-            g = is_mask.unsqueeze(-1).to(self.dtype) if bool(is_mask.any()) else None
+            g = Gate(is_mask, self.dtype) if bool(is_mask.any()) else None
         x = F.embedding(ids, self.embed)  # (b, W, D)
         for i, L in enumerate(self.layers):
             qkv = L.qkv.normed(x, L.ln1, L.eps1, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import torch
 
-from mars.core.cpu_kernels import (MAX_C_ROWS, block_weights, combine_rows2, gemv_rows2, kernels, padded,
-                                   quant_rows2, rmsnorm_quant, silu_mul_quant)
-from mars.core.fastpath import _Linear, _fuse
+from mars.core.cpu_kernels import (MAX_C_ROWS, LoraWeights, block_weights, combine_rows2, gemv_rows2, kernels,
+                                   lora_rows, padded, quant_rows2, rmsnorm_quant, silu_mul_quant)
+from mars.core.fastpath import Gate, _fuse, _Linear
 
 WEIGHT_MAX = 64  # |W_q| bound: exact integer products on every x86 ISA (see the module docstring)
 ACT_MAX = 127
@@ -130,6 +130,11 @@ class Int8Linear(_Linear):
         self.kp = padded(self.in_features) if self._lib is not None else self.in_features
         if self._lib is not None:  # the C product's copy: blocked by output channels, zero-padded, and row sums
             self.wblocked, self.wsum = block_weights(self._lib, qweight)
+        # the gated deltas for the C kernels (at the gated rows only, float16 weights widened exactly), or None:
+        # then the float tensor ops of _Linear._delta add them
+        self.lora_c = None
+        if self._lib is not None and lora is not None:
+            self.lora_c = LoraWeights.of(*lora, [m.weight.shape[0] for m in mods])
 
     def _sums(self, xq: torch.Tensor) -> torch.Tensor:
         """(2n, in) uint8 rows (value + 128) -> (2n, out) float32 exact integer sums against the weights."""
@@ -173,20 +178,37 @@ class Int8Linear(_Linear):
         return y.view(*lead, self.out_features)
 
     # The layer's steps fused into the C loops (float32 rows); where they cannot run, _Linear's plain ops.
-    # With a gated delta in the pass, the residual is added after it, as _Linear does: a real row's delta is
-    # + 0 exactly, so its floats are the same either way.
+    # The gated delta: by `mars_lora_rows` at the gated rows after the fused product (and residual), or by
+    # _Linear's tensor ops, the residual then added after it. Either way a real row's floats are the same
+    # (no delta, or + 0 exactly); a mask row's differ by rounding (the order of the sums).
+    def _c_delta(self, gate) -> bool:
+        """Whether `mars_lora_rows` adds this pass's delta (else the tensor ops, or there is none)."""
+        return self.lora_c is not None and isinstance(gate, Gate) and gate.rows.numel() <= MAX_C_ROWS
+
+    def _fused_delta(self, y, x_rows, gate):
+        """y (rows of the C product) + the gated delta of input rows x_rows, in the C kernel."""
+        lora_rows(self._lib, x_rows, gate.rows, self.lora_c, y.view(-1, self.out_features))
+        return y
+
     def normed(self, x, weight, eps, gate=None):
         if not self._c(x):
             return super().normed(x, weight, eps, gate)
         lead = x.shape[:-1]
         h, xq, sx = rmsnorm_quant(self._lib, self._rows(x), weight, eps, self.kp)
+        if self._c_delta(gate):
+            return self._fused_delta(self._rescale(xq, sx, lead), h, gate)
         return self._delta(self._rescale(xq, sx, lead), h.view(*lead, -1), gate)
 
     def add_to(self, res, x, gate=None):
-        if not self._c(x) or (self.lora is not None and gate is not None):
+        if not self._c(x):
             return super().add_to(res, x, gate)
-        xq, sx = quant_rows2(self._lib, self._rows(x), self.kp)
-        return self._rescale(xq, sx, x.shape[:-1], res)
+        rows = self._rows(x)
+        gated = self.lora is not None and gate is not None
+        if gated and not self._c_delta(gate):
+            return super().add_to(res, x, gate)
+        xq, sx = quant_rows2(self._lib, rows, self.kp)
+        y = self._rescale(xq, sx, x.shape[:-1], res)
+        return self._fused_delta(y, rows, gate) if gated else y
 
     def add_silu_to(self, res, gu, gate=None):
         if not self._c(gu):
@@ -194,6 +216,8 @@ class Int8Linear(_Linear):
         lead = gu.shape[:-1]
         a, xq, sx = silu_mul_quant(self._lib, self._rows(gu), self.kp)
         if self.lora is not None and gate is not None:
+            if self._c_delta(gate):
+                return self._fused_delta(self._rescale(xq, sx, lead, res), a, gate)
             return res + self._delta(self._rescale(xq, sx, lead), a.view(*lead, -1), gate)
         return self._rescale(xq, sx, lead, res)
 
