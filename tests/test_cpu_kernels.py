@@ -144,7 +144,9 @@ y = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None)
 a, b, outs = (t.to(torch.float32) for t in torch.load(sys.argv[2]).values())
 h, d = torch.randn(6, a.shape[1], generator=g), torch.randn(6, b.shape[0], generator=g)
 ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, outs.long().tolist()), d)
-torch.save({"block": lib.mars_block(), "y": y, "xq": xq, "lora": d}, sys.argv[1])
+hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
+a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
+torch.save({"block": lib.mars_block(), "y": y, "xq": xq, "lora": d, "norm": (hn, hq), "silu": (a, aq)}, sys.argv[1])
 """
 
 
@@ -183,6 +185,10 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
     h, d = torch.randn(6, 96, generator=g), torch.randn(6, 64, generator=g)
     ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, [40, 24]), d)
     assert torch.equal(got["lora"], d)  # the gated delta: the same sums in the same order (F16C either way)
+    hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
+    a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
+    for name, want in (("norm", (hn, hq)), ("silu", (a, aq))):  # vectorized, the same bits at any width
+        assert all(torch.equal(u, v) for u, v in zip(got[name], want)), name
 
 
 @needs_c

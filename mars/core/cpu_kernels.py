@@ -10,11 +10,13 @@ AVX2-only CPU). These functions, called through ctypes (~0.3 microseconds a call
     instruction multiplies 4 bytes of a row by 4 bytes of 16 (AVX-512 VNNI) or 8 (AVX2) output channels,
     with the rescale, bias and residual add fused in; threads from torch's own OpenMP pool;
   - `mars_combine_rows2`: the rescale alone, after oneDNN's product for longer passes (a prompt).
+  - `mars_lora_rows`: the gated adapter's float deltas at the mask rows only (the mask rows of a MARS pass).
 
 Built once per machine: the source, the flags, the compiler's version and the CPU's flags name a shared
 library in the cache folder (`MARS_CACHE`, else ~/.cache/mars-playground), compiled with `-march=native` for
 this CPU (or AVX2 when `MARS_CPU_FLAGS` says the CPU has no AVX-512, as the suite's AVX2-only run does) and
-`-ffp-contract=off`, so the arithmetic is the one written below. Where no compiler works (`cc` missing, a
+`-ffp-contract=off`, so the arithmetic is the one written below (`-fno-trapping-math` only lets it vectorize
+the clamps of a loop; no value changes). Where no compiler works (`cc` missing, a
 read-only cache) or `MARS_C_KERNELS=0`, `kernels()` returns None and mars.core.quant runs the same steps as
 tensor ops and oneDNN: the same integers, floats equal to rounding (tested against each other).
 """
@@ -42,11 +44,21 @@ SOURCE = r"""
    q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
    in the default mode: half to even, as torch.round. */
 static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *r) {
-    float amax = 0.0f;
-    for (int64_t j = 0; j < k; j++) {
-        float a = fabsf(row[j]);
-        amax = a > amax ? a : amax;
+    /* the largest |x| in 16 lanes, then across them: a maximum is exact in any order, and the lanes let the
+       compiler vectorize the loop (a single running maximum is one dependent chain) */
+    float lane[16] = {0};
+    int64_t j = 0;
+    for (; j + 16 <= k; j += 16)
+        for (int l = 0; l < 16; l++) {
+            const float a = fabsf(row[j + l]);
+            lane[l] = a > lane[l] ? a : lane[l];
+        }
+    for (; j < k; j++) {
+        const float a = fabsf(row[j]);
+        lane[0] = a > lane[0] ? a : lane[0];
     }
+    float amax = 0.0f;
+    for (int l = 0; l < 16; l++) amax = lane[l] > amax ? lane[l] : amax;
     if (!(amax >= FLT_MIN)) {  /* a zero row: zeros (127 / FLT_MIN would overflow to inf, and 0 * inf is NaN) */
         memset(q, 128, (size_t)k);
         memset(r, 128, (size_t)k);
@@ -69,18 +81,45 @@ void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t
 }
 
 /* RMSNorm then quantize: h = x * (1 / sqrt(mean(x^2) + eps)) * w (written to h, n x k: the gated adapter's
-   deltas read it), then h's rows as mars_quant_rows2. The mean is summed in double. */
+   deltas read it), then h's rows as mars_quant_rows2. The mean is summed in double, in 8 interleaved partial
+   sums added in a fixed order (the same bits for any vector width). */
 void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const float *w, float eps, float *h,
                         uint8_t *out, int64_t ldo, float *sx) {
     for (int64_t i = 0; i < n; i++) {
         const float *row = x + i * ldx;
-        double ss = 0.0;
-        for (int64_t j = 0; j < k; j++) ss += (double)row[j] * row[j];
+        double part[8] = {0};
+        int64_t j = 0;
+        for (; j + 8 <= k; j += 8)
+            for (int l = 0; l < 8; l++) part[l] += (double)row[j + l] * row[j + l];
+        for (; j < k; j++) part[0] += (double)row[j] * row[j];
+        const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
         const float r = 1.0f / sqrtf((float)(ss / (double)k) + eps);
         float *hr = h + i * k;
         for (int64_t j = 0; j < k; j++) hr[j] = row[j] * r * w[j];
         sx[i] = quant_row(hr, k, out + i * ldo, out + (n + i) * ldo);
     }
+}
+
+/* exp(x) for the SiLU: Cephes' expf (a degree-6 polynomial on x - n ln2, then 2^n; within 2 ulp) written
+   without branches or calls, so that the compiler vectorizes the loop that uses it, and with the same
+   operations in every lane: every build gives the same bits (libm's expf is one call per value). x is
+   clamped to [-87, 88] (exp(-87) ~ 1.6e-38 against a SiLU's ~0 there; exp(88) is below FLT_MAX). */
+static inline float exp_poly(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = nearbyintf(x * 1.44269504088896341f);
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p * r, r, r) + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
 }
 
 /* The MLP's activation then quantize: gu (n x 2k, row stride ld) = [gate | up]; a = silu(gate) * up
@@ -90,7 +129,7 @@ void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, floa
     for (int64_t i = 0; i < n; i++) {
         const float *g = gu + i * ld, *u = g + k;
         float *ar = a + i * k;
-        for (int64_t j = 0; j < k; j++) ar[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+        for (int64_t j = 0; j < k; j++) ar[j] = g[j] / (1.0f + exp_poly(-g[j])) * u[j];
         sx[i] = quant_row(ar, k, out + i * ldo, out + (n + i) * ldo);
     }
 }
@@ -440,7 +479,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None, "no C compiler (cc/gcc) on PATH"
-    base = ["-O3", "-ffp-contract=off", "-fPIC", "-shared", *_arch_flags()]
+    base = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *_arch_flags()]
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
