@@ -271,6 +271,29 @@ def test_amx_product_equals_the_vnni_product():
         args = (xq.data_ptr(), n, blocked.data_ptr(), wsum.data_ptr(), 80, 576, sx.data_ptr(), sw.data_ptr(),
                 None, None, 0)
         a, v = torch.empty(n, 80), torch.empty(n, 80)
-        lib.mars_gemv_amx(*args, a.data_ptr())
-        lib.mars_gemv_rows2(*args, v.data_ptr())
+        lib.mars_gemv_amx(*args, a.data_ptr(), None, 0, None, 0, None)
+        lib.mars_gemv_rows2(*args, v.data_ptr(), None, 0, None, 0, None)
         assert torch.equal(a, v), n
+
+
+@needs_c
+@pytest.mark.parametrize("amx", [False, True])
+def test_c_product_with_the_delta_in_the_same_call_equals_the_delta_after_it(amx, monkeypatch):
+    """gemv_rows2 with a delta (each block of outputs gets B t as it is finished) gives the same bits as the
+    product then `lora_rows`: one call and one thread team instead of two."""
+    if amx and not lib.amx:
+        pytest.skip("no AMX tiles on this CPU")
+    monkeypatch.setattr(lib, "amx", amx)
+    g = torch.Generator().manual_seed(11)
+    outs, k = [40, 24, 36], 96  # 36: a segment that ends inside a block of outputs
+    q, sw = quantize_weight(torch.randn(sum(outs), k, generator=g))
+    blocked, wsum = ck.block_weights(lib, q)
+    lw = ck.LoraWeights.of(*gated_lora(k, outs, [16, 0, 8], seed=3), outs)
+    for n, gated in ((1, [0]), (5, [1, 2, 3]), (16, list(range(2, 16)))):
+        x = rows(n, k, seed=n)
+        xq, sx = ck.quant_rows2(lib, x, ck.padded(k))
+        res = torch.randn(n, sum(outs), generator=g)
+        idx = torch.tensor(gated)
+        fused = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, res, (x, idx, lw))
+        after = ck.lora_rows(lib, x, idx, lw, ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, res))
+        assert torch.equal(fused, after), n

@@ -39,6 +39,9 @@ SOURCE = r"""
 #include <math.h>
 #include <float.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 /* One row at ~16 bits as two uint8 rows, bit for bit as mars.core.quant.quantize_rows2: u = x * (127 / amax(|x|)),
    q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
@@ -74,9 +77,14 @@ static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *
     return amax / 127.0f;
 }
 
+/* The row loops below split their rows across threads when the rows hold at least this many values (a
+   team costs a few microseconds; a 1536-wide SiLU row ~2): a wide pass's rows, never a 1-token pass's. */
+#define PAR_MIN 4096
+
 /* Rows of x (n x k, row stride ldx) -> out (2n x ldo) = [rows ; their residuals], sx (n). Columns k..ldo of
    out are left as they are (the product's zero-padded weights ignore them). */
 void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t *out, int64_t ldo, float *sx) {
+    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
     for (int64_t i = 0; i < n; i++) sx[i] = quant_row(x + i * ldx, k, out + i * ldo, out + (n + i) * ldo);
 }
 
@@ -85,6 +93,7 @@ void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t
    sums added in a fixed order (the same bits for any vector width). */
 void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const float *w, float eps, float *h,
                         uint8_t *out, int64_t ldo, float *sx) {
+    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float *row = x + i * ldx;
         double part[8] = {0};
@@ -126,6 +135,7 @@ static inline float exp_poly(float x) {
    (written to a, n x k), then a's rows as mars_quant_rows2. */
 void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, float *a, uint8_t *out, int64_t ldo,
                          float *sx) {
+    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float *g = gu + i * ld, *u = g + k;
         float *ar = a + i * k;
@@ -155,6 +165,173 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
     }
 }
 
+/* The gated adapter's delta at a few rows, added in place: y[g] += B (A h[g]) for each row index g in rows
+   (row g of h and of y), as mars.core.fastpath._Linear._delta adds it at the rows whose gate is 1 (the other
+   rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 16) and B as segments,
+   one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
+   segment's B in bt, stored by blocks of outputs: block_delta): block_diag's zero blocks are never read. Both in
+   float16, the adapter's own values (it ships in float16), so widening them to float32 is exact.
+   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), so the
+   result does not depend on the thread count; then y += B t, split across threads by output. */
+#define MAXR 256
+#define MAXROWS 32  /* = 2 * MAX_C_ROWS: value and residual rows of up to 16 tokens */
+static inline float half_to_float(uint16_t v) {
+    const uint32_t sign = (uint32_t)(v & 0x8000) << 16, e = (v >> 10) & 31, f = v & 1023;
+    uint32_t bits;
+    if (e == 31) bits = sign | 0x7f800000u | (f << 13);
+    else if (e) bits = sign | ((e + 112) << 23) | (f << 13);
+    else if (!f) bits = sign;
+    else {  /* subnormal: normalise */
+        int sh = 0;
+        uint32_t m = f;
+        while (!(m & 1024)) { m <<= 1; sh++; }
+        bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 1023) << 13);
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+/* Both products keep up to 4 rows by 4 vectors of outputs in registers; each output is its own sum of fmas in
+   a fixed order (c, or jj, ascending), so 16 lanes, 8 lanes or the scalar loop give the same bits. */
+#if defined(__AVX512F__)
+#define VL 16
+typedef __m512 vf;
+#define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VSET1 _mm512_set1_ps
+#define VFMA _mm512_fmadd_ps
+#define VZERO _mm512_setzero_ps
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VADD _mm512_add_ps
+#elif defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+#define VL 8
+typedef __m256 vf;
+#define VLOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VSET1 _mm256_set1_ps
+#define VFMA _mm256_fmadd_ps
+#define VZERO _mm256_setzero_ps
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VADD _mm256_add_ps
+#endif
+
+typedef struct {  /* one fused Linear's deltas (LoraWeights in Python) */
+    const uint16_t *at;  /* A transposed, k x R */
+    int64_t R, k;
+    const uint16_t *bt;  /* the segments' B transposed */
+    const int64_t *seg;  /* 5 per segment: first output, outputs, first column of t, columns, offset in bt */
+    int64_t nseg;
+} lora_w;
+
+/* part[i][j] = sum over c in half p of k of A[j][c] * h[rows[i]][c]: t = A h is the sum of the two halves */
+static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, const int64_t *rows, int64_t n,
+                      float part[][MAXR]) {
+    const int64_t k = lw->k, R = lw->R;
+    const uint16_t *at = lw->at;
+    const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
+    for (int64_t i0 = 0; i0 < n; i0 += 4) {
+        const int64_t nr = n - i0 < 4 ? n - i0 : 4;
+        const float *hr[4];
+        for (int64_t r = 0; r < 4; r++) hr[r] = h + rows[i0 + (r < nr ? r : 0)] * ldh;
+#if defined(VL)
+        for (int64_t j0 = 0; j0 < R; j0 += 4 * VL) {  /* R is a multiple of 16 */
+            const int64_t nv = (R - j0) / VL < 4 ? (R - j0) / VL : 4;
+            vf acc[4][4];
+            for (int r = 0; r < 4; r++)
+                for (int v = 0; v < 4; v++) acc[r][v] = VZERO();
+            for (int64_t c = c0; c < c1; c++) {
+                vf a[4];
+                for (int v = 0; v < 4; v++)
+                    if (v < nv) a[v] = VLOADH(at + c * R + j0 + v * VL);
+                for (int r = 0; r < 4; r++) {
+                    if (r >= nr) break;
+                    const vf hb = VSET1(hr[r][c]);
+                    for (int v = 0; v < 4; v++)
+                        if (v < nv) acc[r][v] = VFMA(a[v], hb, acc[r][v]);
+                }
+            }
+            for (int r = 0; r < nr; r++)
+                for (int v = 0; v < nv; v++) VSTORE(part[i0 + r] + j0 + v * VL, acc[r][v]);
+        }
+#else
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t j = 0; j < R; j++) {
+                float acc = 0.0f;
+                for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[r][c], acc);
+                part[i0 + r][j] = acc;
+            }
+#endif
+    }
+}
+
+/* y[rows[i]][o] += sum_jj B[o][jj] t[i][jj] for the outputs o in [o0, o1) (y's row stride ldy): the B
+   product of one block of outputs. A segment's B is stored in blocks of LB outputs, each block's columns one
+   after another (LB float16 each), so a block of outputs reads one contiguous piece. Each output is its own
+   sum of fmas over jj ascending, then added to y: the same bits from every caller, vector width or thread. */
+#define LB 16
+static inline void block_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, int64_t n, int64_t o0,
+                               int64_t o1, float *y, int64_t ldy) {
+    for (int64_t s = 0; s < lw->nseg; s++) {
+        const int64_t *sg = lw->seg + 5 * s;
+        const int64_t o_lo = sg[0], lo = o0 > o_lo ? o0 : o_lo, hi = o1 < o_lo + sg[1] ? o1 : o_lo + sg[1];
+        if (lo >= hi) continue;
+        const int64_t r_lo = sg[2], r_n = sg[3];
+        const uint16_t *bs = lw->bt + sg[4];
+        for (int64_t i = 0; i < n; i++) {
+            float *yr = y + rows[i] * ldy;
+            const float *ti = t[i] + r_lo;
+            int64_t o = lo;
+            while (o < hi) {
+                const int64_t d = o - o_lo, q = d % LB;
+                const uint16_t *bb = bs + (d - q) * r_n + q;  /* output o's value for column jj: bb[jj * LB] */
+#if defined(VL)
+                if (q % VL == 0 && o + VL <= hi) {
+                    vf acc = VZERO();
+                    for (int64_t jj = 0; jj < r_n; jj++) acc = VFMA(VLOADH(bb + jj * LB), VSET1(ti[jj]), acc);
+                    VSTORE(yr + o, VADD(VLOAD(yr + o), acc));
+                    o += VL;
+                    continue;
+                }
+#endif
+                float acc = 0.0f;
+                for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf(half_to_float(bb[jj * LB]), ti[jj], acc);
+                yr[o] = yr[o] + acc;
+                o++;
+            }
+        }
+    }
+}
+
+void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, int64_t k, const uint16_t *at,
+                    int64_t R, const uint16_t *bt, const int64_t *seg, int64_t nseg, float *y, int64_t ldy) {
+    const lora_w lw = {at, R, k, bt, seg, nseg};
+    float part[2][MAXROWS / 2][MAXR];
+    #pragma omp parallel
+    {
+        #pragma omp for schedule(static)
+        for (int p = 0; p < 2; p++) lora_part(&lw, p, h, ldh, rows, n, part[p]);
+        /* y[g] += B t, split by blocks of outputs across threads: each thread sums the halves itself */
+        float t[MAXROWS / 2][MAXR];
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
+        const int64_t m = seg[5 * (nseg - 1)] + seg[5 * (nseg - 1) + 1];  /* past the last adapted output */
+        #pragma omp for schedule(static)
+        for (int64_t o = 0; o < m; o += LB) block_delta(&lw, t, rows, n, o, o + LB < m ? o + LB : m, y, ldy);
+    }
+}
+
+/* Inside a parallel region: t = A h at the gated rows when there is a delta to add (lora), for the products
+   below to add B t to each block of outputs they finish (block_delta): one call and one thread team for the
+   product and its delta. part is shared (one half of k per thread), t each thread's own sum of the halves. */
+#define LORA_T                                                                                              \
+    if (lora) {                                                                                             \
+        _Pragma("omp for schedule(static)")                                                                 \
+        for (int p = 0; p < 2; p++) lora_part(lw, p, h, ldh, grows, ng, part[p]);                         \
+        for (int64_t i = 0; i < ng; i++)                                                                    \
+            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];                   \
+    }
+
 /* The integer product for a few rows, fused with the rescale: y (n x m) from x (2n x kp) uint8 rows
    [values ; residuals] + 128 and the 7-bit int8 weights (|w| <= 64) in blocks of OB output channels:
    w[blk][t][c][q] = W[blk * OB + c, 4 t + q] (kp a multiple of 64, m of OB, zero-padded), so that one
@@ -164,16 +341,13 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
      y[i, o]  = (sum_i + sum_{n+i} * (1/254)) * sx[i] * sw[o] (+ bias[o]) (+ res[i, o])      (as combine)
    AVX-512 VNNI: vpdpbusd, OB = 16; AVX2: vpmaddubsw (u8 x s8 pair sums: 2 * 255 * 64 < 2^15, no saturation)
    then vpmaddwd, OB = 8; otherwise plain C, OB = 8. Blocks are split across OpenMP threads (torch's own
-   pool: the library loads after torch, and libgomp is found by its soname). */
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
+   pool: the library loads after torch, and libgomp is found by its soname). With lw (and ng > 0 gated rows
+   grows of h) the gated adapter's delta is added to each block as it is finished (LORA_T, block_delta). */
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #define OB 16
 #else
 #define OB 8
 #endif
-#define MAXROWS 32  /* = 2 * MAX_C_ROWS */
 
 int mars_block(void) { return OB; }
 
@@ -259,11 +433,16 @@ int mars_amx_init(void) {
 
 /* rows <= 32: tiles 0/1 (sums/rows) hold rows 0-15, tiles 3/4 rows 16-31, tile 2 the weights */
 void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y) {
+                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
+                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
     const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
     const int lo = rows < 16 ? (int)rows : 16, hi = (int)rows - lo;
+    const int lora = lw != NULL && ng > 0;
+    float part[2][MAXROWS / 2][MAXR];
     #pragma omp parallel
     {
+        float t[MAXROWS / 2][MAXR];
+        LORA_T
         tile_config cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.palette_id = 1;
@@ -294,6 +473,7 @@ void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *
             if (hi) _tile_stored(3, s + 16, OB * 4);
             const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
             block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
+            if (lora) block_delta(lw, t, grows, ng, o0, o1, y, m);
         }
         _tile_release();
     }
@@ -302,155 +482,35 @@ int mars_has_amx(void) { return 1; }
 #else
 int mars_amx_init(void) { return 0; }
 void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y) {}
+                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
+                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {}
 int mars_has_amx(void) { return 0; }
 #endif
 
 /* n <= MAXROWS / 2 rows; m: the real channels (the blocked weights may hold padding channels past m) */
 void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                     const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y) {
+                     const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
+                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
     const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
-    #pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < blocks; blk++) {
-        int32_t s[MAXROWS][OB];
-        const int8_t *wb = w + blk * kp * OB;
-        for (int64_t r0 = 0; r0 < rows; r0 += 4)
-            block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
-        const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
-        block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
-    }
-}
-
-/* The gated adapter's delta at a few rows, added in place: y[g] += B (A h[g]) for each row index g in rows
-   (row g of h and of y), as mars.core.fastpath._Linear._delta adds it at the rows whose gate is 1 (the other
-   rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 8) and B as segments,
-   one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
-   segment's B transposed (columns x outputs) in bt): block_diag's zero blocks are never read. Both in
-   float16, the adapter's own values (it ships in float16), so widening them to float32 is exact.
-   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), so the
-   result does not depend on the thread count; then y += B t, split across threads by output. */
-#define MAXR 256
-static inline float half_to_float(uint16_t v) {
-    const uint32_t sign = (uint32_t)(v & 0x8000) << 16, e = (v >> 10) & 31, f = v & 1023;
-    uint32_t bits;
-    if (e == 31) bits = sign | 0x7f800000u | (f << 13);
-    else if (e) bits = sign | ((e + 112) << 23) | (f << 13);
-    else if (!f) bits = sign;
-    else {  /* subnormal: normalise */
-        int sh = 0;
-        uint32_t m = f;
-        while (!(m & 1024)) { m <<= 1; sh++; }
-        bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 1023) << 13);
-    }
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
-
-/* Both products keep up to 4 rows by 4 vectors of outputs in registers; each output is its own sum of fmas in
-   a fixed order (c, or jj, ascending), so 16 lanes, 8 lanes or the scalar loop give the same bits. */
-#if defined(__AVX512F__)
-#define VL 16
-typedef __m512 vf;
-#define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define VSET1 _mm512_set1_ps
-#define VFMA _mm512_fmadd_ps
-#define VZERO _mm512_setzero_ps
-#define VLOAD _mm512_loadu_ps
-#define VSTORE _mm512_storeu_ps
-#define VADD _mm512_add_ps
-#elif defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
-#define VL 8
-typedef __m256 vf;
-#define VLOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define VSET1 _mm256_set1_ps
-#define VFMA _mm256_fmadd_ps
-#define VZERO _mm256_setzero_ps
-#define VLOAD _mm256_loadu_ps
-#define VSTORE _mm256_storeu_ps
-#define VADD _mm256_add_ps
-#endif
-
-void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, int64_t k, const uint16_t *at,
-                    int64_t R, const uint16_t *bt, const int64_t *seg, int64_t nseg, float *y, int64_t ldy) {
+    const int lora = lw != NULL && ng > 0;
     float part[2][MAXROWS / 2][MAXR];
     #pragma omp parallel
     {
-        /* t = A h in two fixed halves of k: part[p][i][j] = sum over c in half p of A[j][c] * h[i][c] */
-        #pragma omp for schedule(static)
-        for (int p = 0; p < 2; p++) {
-            const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
-            for (int64_t i0 = 0; i0 < n; i0 += 4) {
-                const int64_t nr = n - i0 < 4 ? n - i0 : 4;
-                const float *hr[4];
-                for (int64_t r = 0; r < 4; r++) hr[r] = h + rows[i0 + (r < nr ? r : 0)] * ldh;
-#if defined(VL)
-                for (int64_t j0 = 0; j0 < R; j0 += 4 * VL) {  /* R is a multiple of 16 */
-                    const int64_t nv = (R - j0) / VL < 4 ? (R - j0) / VL : 4;
-                    vf acc[4][4];
-                    for (int r = 0; r < 4; r++)
-                        for (int v = 0; v < 4; v++) acc[r][v] = VZERO();
-                    for (int64_t c = c0; c < c1; c++) {
-                        vf a[4];
-                        for (int v = 0; v < 4; v++)
-                            if (v < nv) a[v] = VLOADH(at + c * R + j0 + v * VL);
-                        for (int r = 0; r < 4; r++) {
-                            if (r >= nr) break;
-                            const vf hb = VSET1(hr[r][c]);
-                            for (int v = 0; v < 4; v++)
-                                if (v < nv) acc[r][v] = VFMA(a[v], hb, acc[r][v]);
-                        }
-                    }
-                    for (int r = 0; r < nr; r++)
-                        for (int v = 0; v < nv; v++) VSTORE(part[p][i0 + r] + j0 + v * VL, acc[r][v]);
-                }
-#else
-                for (int64_t r = 0; r < nr; r++)
-                    for (int64_t j = 0; j < R; j++) {
-                        float acc = 0.0f;
-                        for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[r][c], acc);
-                        part[p][i0 + r][j] = acc;
-                    }
-#endif
-            }
-        }
-        /* y[g] += B t, split by output across threads: each thread sums the halves itself (n x R adds) */
         float t[MAXROWS / 2][MAXR];
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
-        for (int64_t s = 0; s < nseg; s++) {
-            const int64_t o_lo = seg[5 * s], o_n = seg[5 * s + 1], r_lo = seg[5 * s + 2], r_n = seg[5 * s + 3];
-            const uint16_t *bs = bt + seg[5 * s + 4];
-            #pragma omp for schedule(static) nowait
-            for (int64_t o = 0; o < o_n; o += 32)
-                for (int64_t i0 = 0; i0 < n; i0 += 4) {
-                    const int64_t nr = n - i0 < 4 ? n - i0 : 4;
-                    float *yr[4];
-                    for (int64_t r = 0; r < nr; r++) yr[r] = y + rows[i0 + r] * ldy + o_lo;
-                    int64_t q = o, q1 = o + 32 < o_n ? o + 32 : o_n;
-#if defined(VL)
-                    for (; q + VL <= q1; q += VL) {
-                        vf acc[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
-                        for (int64_t jj = 0; jj < r_n; jj++) {
-                            const vf b = VLOADH(bs + jj * o_n + q);
-                            for (int r = 0; r < 4; r++) {
-                                if (r >= nr) break;
-                                acc[r] = VFMA(b, VSET1(t[i0 + r][r_lo + jj]), acc[r]);
-                            }
-                        }
-                        for (int r = 0; r < nr; r++) VSTORE(yr[r] + q, VADD(VLOAD(yr[r] + q), acc[r]));
-                    }
-#endif
-                    for (; q < q1; q++)
-                        for (int64_t r = 0; r < nr; r++) {
-                            float acc = 0.0f;
-                            for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf(half_to_float(bs[jj * o_n + q]), t[i0 + r][r_lo + jj], acc);
-                            yr[r][q] = yr[r][q] + acc;
-                        }
-                }
+        LORA_T
+        #pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < blocks; blk++) {
+            int32_t s[MAXROWS][OB];
+            const int8_t *wb = w + blk * kp * OB;
+            for (int64_t r0 = 0; r0 < rows; r0 += 4)
+                block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
+            const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
+            block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
+            if (lora) block_delta(lw, t, grows, ng, o0, o1, y, m);
         }
     }
 }
+
 """
 
 _LOCK = threading.Lock()
@@ -523,7 +583,8 @@ def _compile(cc: str, flags: list[str], lib: Path) -> tuple[ctypes.CDLL | None, 
     so.mars_rmsnorm_quant.restype = None
     so.mars_silu_mul_quant.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, ptr]
     so.mars_silu_mul_quant.restype = None
-    so.mars_gemv_rows2.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr]
+    so.mars_gemv_rows2.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64,
+                                   ptr]
     so.mars_gemv_rows2.restype = None
     so.mars_lora_rows.argtypes = [ptr, i64, ptr, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
     so.mars_lora_rows.restype = None
@@ -613,16 +674,27 @@ MAX_C_ROWS = 16  # rows (batch x width) the C product takes at most (MAXROWS / 2
 
 
 def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor,
-               bias: torch.Tensor | None, res: torch.Tensor | None = None) -> torch.Tensor:
+               bias: torch.Tensor | None, res: torch.Tensor | None = None, delta: tuple | None = None) -> torch.Tensor:
     """The product and rescale in one (see SOURCE): xq (2n, kp) uint8 rows (n <= MAX_C_ROWS), w blocked by
-    `block_weights`, wsum (m,), sx (n,), sw (m,), bias (m,) or None, res (n, m) or None -> y (n, m) float32."""
+    `block_weights`, wsum (m,), sx (n,), sw (m,), bias (m,) or None, res (n, m) or None -> y (n, m) float32.
+    delta: None, or (h (n, k) float32 rows, gated row indices (int64, at most MAX_C_ROWS), LoraWeights): the
+    gated adapter's delta added in the same call, the same bits as `lora_rows` after it."""
     n, m = sx.shape[0], wsum.shape[0]
     if n > MAX_C_ROWS:
         raise ValueError(f"the C product takes at most {MAX_C_ROWS} rows, got {n}")
     y = torch.empty(n, m)
-    (lib.mars_gemv_amx if lib.amx else lib.mars_gemv_rows2)(xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, xq.shape[1], sx.data_ptr(), sw.data_ptr(),
-                        None if bias is None else bias.data_ptr(), None if res is None else res.data_ptr(),
-                        0 if res is None else res.stride(0), y.data_ptr())
+    h = rows = lw = None
+    if delta is not None:
+        h, rows, lw = delta
+        if rows.numel() > MAX_C_ROWS:
+            raise ValueError(f"the C delta takes at most {MAX_C_ROWS} rows, got {rows.numel()}")
+    (lib.mars_gemv_amx if lib.amx else lib.mars_gemv_rows2)(
+        xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, xq.shape[1], sx.data_ptr(), sw.data_ptr(),
+        None if bias is None else bias.data_ptr(), None if res is None else res.data_ptr(),
+        0 if res is None else res.stride(0), y.data_ptr(),
+        None if h is None else h.data_ptr(), 0 if h is None else h.stride(0),
+        None if rows is None else rows.data_ptr(), 0 if rows is None else rows.numel(),
+        None if lw is None else ctypes.byref(lw.c))
     return y
 
 
@@ -638,15 +710,23 @@ def combine_rows2(lib, acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bi
     return y
 
 
+class _LoraW(ctypes.Structure):
+    _fields_ = [("at", ctypes.c_void_p), ("R", ctypes.c_int64), ("k", ctypes.c_int64), ("bt", ctypes.c_void_p),
+                ("seg", ctypes.c_void_p), ("nseg", ctypes.c_int64)]
+
+
 MAX_LORA_COLUMNS = 256  # the C delta's t = A h holds at most this many values per row (MAXR in SOURCE)
+LORA_BLOCK = 16  # outputs per stored block of B (LB in SOURCE)
 
 
 class LoraWeights:
-    """A fused Linear's gated deltas laid out for `mars_lora_rows`: A transposed (k, R) and B's non-zero blocks
-    transposed, in float16; `None` from `of` where they do not fit that (see SOURCE)."""
+    """A fused Linear's gated deltas laid out for the C kernels: A transposed (k, R) and B's non-zero blocks
+    in blocks of LORA_BLOCK outputs, in float16; `None` from `of` where they do not fit that (see SOURCE)."""
 
     def __init__(self, at: torch.Tensor, bt: torch.Tensor, seg: torch.Tensor):
         self.at, self.bt, self.seg = at, bt, seg
+        # the same, as SOURCE's lora_w (the tensors above keep the memory alive)
+        self.c = _LoraW(at.data_ptr(), at.shape[1], at.shape[0], bt.data_ptr(), seg.data_ptr(), seg.numel() // 5)
 
     @classmethod
     def of(cls, a: torch.Tensor, b: torch.Tensor, out_sizes: list[int]) -> "LoraWeights | None":
@@ -665,7 +745,11 @@ class LoraWeights:
             cols = part.abs().sum(dim=0).nonzero().flatten()  # this module's block: its non-zero columns
             if len(cols):
                 r_lo, r_hi = int(cols[0]), int(cols[-1]) + 1
-                blocks.append(part[:, r_lo:r_hi].t().contiguous().half().flatten())
+                # blocks of LB outputs, each as (columns, LB): block_delta reads one contiguous piece per block
+                mp = -(-m // LORA_BLOCK) * LORA_BLOCK
+                piece = torch.zeros(mp, r_hi - r_lo)
+                piece[:m] = part[:, r_lo:r_hi]
+                blocks.append(piece.view(mp // LORA_BLOCK, LORA_BLOCK, -1).transpose(1, 2).contiguous().half().flatten())
                 seg += [o_lo, m, r_lo, r_hi - r_lo, off]
                 off += blocks[-1].numel()
             o_lo += m

@@ -151,15 +151,20 @@ class Int8Linear(_Linear):
         x = x.reshape(-1, x.shape[-1])
         return x if x.stride(-1) == 1 else x.contiguous()
 
-    def _rescale(self, xq, sx, lead, res=None) -> torch.Tensor:
+    def _rescale(self, xq, sx, lead, res=None, delta=None) -> torch.Tensor:
         """The product of rows xq (2n, kp) and its rescale: by the C product for a few rows (decoding), by
-        oneDNN's for more (a prompt): the same exact integers, the same rescale."""
+        oneDNN's for more (a prompt): the same exact integers, the same rescale. delta: None, or (the input
+        rows, gated row indices): the gated delta added at those rows, in the C product's call where it runs."""
         res = None if res is None else self._rows(res)
+        if delta is not None:
+            delta = (*delta, self.lora_c)
         if sx.shape[0] <= MAX_C_ROWS:
-            y = gemv_rows2(self._lib, xq, self.wblocked, self.wsum, sx, self.scale32, self.bias32, res)
+            y = gemv_rows2(self._lib, xq, self.wblocked, self.wsum, sx, self.scale32, self.bias32, res, delta)
         else:
             xk = xq if self.kp == self.in_features else xq[:, : self.in_features].contiguous()
             y = combine_rows2(self._lib, self._sums(xk), sx, self.scale32, self.bias32, res)
+            if delta is not None:
+                lora_rows(self._lib, *delta, y)
         return y.view(*lead, self.out_features)
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
@@ -185,18 +190,13 @@ class Int8Linear(_Linear):
         """Whether `mars_lora_rows` adds this pass's delta (else the tensor ops, or there is none)."""
         return self.lora_c is not None and isinstance(gate, Gate) and gate.rows.numel() <= MAX_C_ROWS
 
-    def _fused_delta(self, y, x_rows, gate):
-        """y (rows of the C product) + the gated delta of input rows x_rows, in the C kernel."""
-        lora_rows(self._lib, x_rows, gate.rows, self.lora_c, y.view(-1, self.out_features))
-        return y
-
     def normed(self, x, weight, eps, gate=None):
         if not self._c(x):
             return super().normed(x, weight, eps, gate)
         lead = x.shape[:-1]
         h, xq, sx = rmsnorm_quant(self._lib, self._rows(x), weight, eps, self.kp)
         if self._c_delta(gate):
-            return self._fused_delta(self._rescale(xq, sx, lead), h, gate)
+            return self._rescale(xq, sx, lead, delta=(h, gate.rows))
         return self._delta(self._rescale(xq, sx, lead), h.view(*lead, -1), gate)
 
     def add_to(self, res, x, gate=None):
@@ -207,8 +207,7 @@ class Int8Linear(_Linear):
         if gated and not self._c_delta(gate):
             return super().add_to(res, x, gate)
         xq, sx = quant_rows2(self._lib, rows, self.kp)
-        y = self._rescale(xq, sx, x.shape[:-1], res)
-        return self._fused_delta(y, rows, gate) if gated else y
+        return self._rescale(xq, sx, x.shape[:-1], res, (rows, gate.rows) if gated else None)
 
     def add_silu_to(self, res, gu, gate=None):
         if not self._c(gu):
@@ -217,7 +216,7 @@ class Int8Linear(_Linear):
         a, xq, sx = silu_mul_quant(self._lib, self._rows(gu), self.kp)
         if self.lora is not None and gate is not None:
             if self._c_delta(gate):
-                return self._fused_delta(self._rescale(xq, sx, lead, res), a, gate)
+                return self._rescale(xq, sx, lead, res, (a, gate.rows))
             return res + self._delta(self._rescale(xq, sx, lead), a.view(*lead, -1), gate)
         return self._rescale(xq, sx, lead, res)
 
