@@ -36,7 +36,9 @@ def test_confidence_uses_calibrated_logits_but_the_token_does_not_move():
         _, conf_cal = choose_and_score(cal, measure)
         assert torch.equal(tok, tok_raw)
         assert torch.allclose(conf, conf_cal)
-        assert conf[0] == conf_raw[0] and not torch.allclose(conf[1:], conf_raw[1:])
+        # the AR row is not calibrated: the same confidence (to rounding: greedy "prob" without calibration runs
+        # in one C call, mars.core.cpu_kernels.argmax_conf, the calibrated one as tensor ops)
+        assert torch.isclose(conf[0], conf_raw[0], rtol=1e-6, atol=0) and not torch.allclose(conf[1:], conf_raw[1:])
 
 
 class _Row:

@@ -146,7 +146,9 @@ h, d = torch.randn(6, a.shape[1], generator=g), torch.randn(6, b.shape[0], gener
 ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, outs.long().tolist()), d)
 hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
 a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
-torch.save({"block": lib.mars_block(), "y": y, "xq": xq, "lora": d, "norm": (hn, hq), "silu": (a, aq)}, sys.argv[1])
+logits = torch.randn(3, 1000, generator=g) * 5
+torch.save({"block": lib.mars_block(), "y": y, "xq": xq, "lora": d, "norm": (hn, hq), "silu": (a, aq),
+            "argmax": ck.argmax_conf(logits)}, sys.argv[1])
 """
 
 
@@ -187,7 +189,9 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
     assert torch.equal(got["lora"], d)  # the gated delta: the same sums in the same order (F16C either way)
     hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
     a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
-    for name, want in (("norm", (hn, hq)), ("silu", (a, aq))):  # vectorized, the same bits at any width
+    logits = torch.randn(3, 1000, generator=g) * 5
+    for name, want in (("norm", (hn, hq)), ("silu", (a, aq)), ("argmax", ck.argmax_conf(logits))):  # vectorized,
+        # the same bits at any width
         assert all(torch.equal(u, v) for u, v in zip(got[name], want)), name
 
 
@@ -297,3 +301,29 @@ def test_c_product_with_the_delta_in_the_same_call_equals_the_delta_after_it(amx
         fused = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, res, (x, idx, lw))
         after = ck.lora_rows(lib, x, idx, lw, ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, res))
         assert torch.equal(fused, after), n
+
+
+@needs_c
+def test_greedy_choice_and_its_probability_in_c_equal_the_tensor_ops():
+    """argmax_conf: torch's argmax (the first of tied maxima) and softmax's probability of it, to rounding, for
+    any leading shape and row stride; choose_and_score takes it for greedy "prob" on a CPU."""
+    from mars.core.acceptance import choose_and_score
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 5, 49152 + 7, generator=g) * 4  # a length past the vector width
+    x[0, 1, 100] = x[0, 1, 40000] = 60.0  # a tie: the first one
+    x[1, 2] = 0.0  # a flat row: index 0, probability 1 / V
+    x[1, 3, -1] = 50.0  # the maximum in the scalar tail
+    tok, conf = ck.argmax_conf(x)
+    assert tok.shape == conf.shape == (2, 5)
+    assert torch.equal(tok, x.argmax(-1)) and tok[0, 1] == 100 and tok[1, 2] == 0 and tok[1, 3] == x.shape[-1] - 1
+    ref = torch.softmax(x.double(), -1).gather(-1, tok[..., None])[..., 0].float()
+    torch.testing.assert_close(conf, ref, rtol=1e-5, atol=1e-9)
+    strided = x[:, ::2]  # rows not one after another
+    assert all(torch.equal(a, b) for a, b in zip(ck.argmax_conf(strided), (tok[:, ::2], conf[:, ::2])))
+    t2, c2 = choose_and_score(x, "prob")
+    assert torch.equal(t2, tok) and torch.equal(c2, conf)
+    assert ck.argmax_conf(x.double()) is None  # the tensor ops then
+    t3, c3 = choose_and_score(x.double(), "prob")
+    assert torch.equal(t3, tok)
+    torch.testing.assert_close(c3.float(), conf, rtol=1e-5, atol=1e-9)

@@ -43,6 +43,12 @@ def choose_and_score(
     """
     if measure not in CONFIDENCE_MEASURES:
         raise ValueError(f"confidence measure must be one of {CONFIDENCE_MEASURES}, got {measure!r}")
+    if temperature <= 0 and measure == "prob" and (confidence_logits is None or confidence_logits is logits):
+        from mars.core.cpu_kernels import argmax_conf  # the common case (greedy, p(token)) in one C call on a CPU
+
+        fast = argmax_conf(logits)
+        if fast is not None:
+            return fast
     logp = torch.log_softmax((logits if confidence_logits is None else confidence_logits).float(), dim=-1)
     probs = logp.exp()
     if temperature > 0:
