@@ -32,8 +32,8 @@ from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
-    MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, backend_label, chart_every_s, check_mode, check_prompt,
-    encode_checked, fit_to_model, make_config, max_new_tokens_limit,
+    DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, backend_label, chart_every_s,
+    check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit,
 )
 from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
 
@@ -201,9 +201,8 @@ class MarsApp:
 
     def mode_changed(self, mode):
         """Verified mode is lossless whatever tau: it starts at its fastest setting, tau 0 (send every draft)."""
-        lossless = MODE_LABELS.get(mode, mode) == "verified"
-        label = "τ (verified: only which drafts get checked)" if lossless else "τ (live: moves the running generation)"
-        return gr.update(value=0.0 if lossless else 0.9, label=label)
+        mode = MODE_LABELS.get(mode, mode)
+        return gr.update(value=MODE_TAU[mode], label=TAU_LABELS[mode])
 
     def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, mode, session: Session,
                  tree_nodes=0):
@@ -468,13 +467,14 @@ class MarsApp:
                     ui.stop = gr.Button("Stop", variant="stop", elem_id="stop")
                     ui.clear = gr.Button("Clear", elem_id="clear")
                 with gr.Row():
-                    ui.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, elem_id="tau",
-                                      label="τ (live: moves the running generation)")
+                    first = MODE_LABELS[DEFAULT_MODE_LABEL]
+                    ui.tau = gr.Slider(0.0, 1.0, value=MODE_TAU[first], step=0.01, elem_id="tau",
+                                      label=TAU_LABELS[first])
                     ui.block = gr.Slider(1, MAX_BLOCK, value=DEFAULT_BLOCK_SIZE, step=1, label="block size B",
                                          elem_id="block-size")
                     ui.max_new = gr.Slider(8, max_new_tokens_limit(), value=128, step=8, label="max new tokens",
                                           elem_id="max-new-tokens")
-                ui.mode = gr.Radio(list(MODE_LABELS), value=next(iter(MODE_LABELS)), label="decoding",
+                ui.mode = gr.Radio(list(MODE_LABELS), value=DEFAULT_MODE_LABEL, label="decoding",
                                   elem_id="mode",
                                   info=VERIFIED_INFO)
                 ui.tree_nodes = gr.Slider(0, MAX_TREE_NODES_APP, value=0, step=1, elem_id="tree-nodes",

@@ -2,13 +2,13 @@
 
 1. Starts the app in-process (default model + shipped adapter, or MARS_MODEL / MARS_ADAPTER) on a free port and
    waits for the model to load.
-2. Drives headless Chromium through the prompts at the app's defaults (tau 0.9, B 4, "then run AR" on), one
+2. Drives headless Chromium through the prompts at the app's defaults (mode and tau, B 4, "then run AR" on), one
    after another, and reads each race from the trace JSON download (#download-json): MARS and AR decode
    seconds, tokens, passes, median pass ms.
 3. Two visitors at once: two pages press Generate together; each one's time to its first group, and the
    order in which the server ran their passes (a wrapper on the holder's passes records the worker thread).
 4. Runs the same prompts the bench's way (`mars.core.decoding.generate_ids`, the bench's core path) on the same
-   thread count, mars tau 0.9 and ar, and prints app vs bench side by side.
+   thread count, the app's default mode and tau then ar, and prints app vs bench side by side.
 
 `--chart-every 1.0 inf` repeats step 2 once per chart interval (the app's MARS_CHART_EVERY_S: seconds between
 chart redraws while a run streams; inf = charts only at the end), prompt by prompt in turn, to see whether the
@@ -206,7 +206,7 @@ def handler_race(demo, prompt: str, max_new: int) -> dict:
 
     ma = demo.mars_app
     session = Session()
-    for _ in ma.generate(prompt, 0.9, 4, max_new, "prob", True, ma.ui.mode.value, session):
+    for _ in ma.generate(prompt, ma.ui.tau.value, 4, max_new, "prob", True, ma.ui.mode.value, session):
         pass
     m, a = session.mars, session.ar
     return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
@@ -216,19 +216,22 @@ def handler_race(demo, prompt: str, max_new: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the bench
-def bench_race(lm, prompt: str, max_new: int, threads: int, block: int = 4, tau: float = 0.9) -> dict:
-    """The bench's core path (`generate_ids`, batch 1) in this thread, mars then ar, on `threads` threads, on the
-    app's backend (MARS_BACKEND; int8 by default on a CPU), so that app and bench run the same model."""
+def bench_race(lm, prompt: str, max_new: int, threads: int, block: int = 4) -> dict:
+    """The bench's core path (`generate_ids`, batch 1) in this thread, the app's default mode and tau (its own
+    config builder, `make_config`) then ar, on `threads` threads, on the app's backend (MARS_BACKEND; int8 by
+    default on a CPU), so that app and bench run the same model and setting."""
     import torch
 
-    from mars.app.inputs import app_backend
+    from mars.app.inputs import DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, make_config
     from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
     ids = encode_prompt(lm.tokenizer, prompt)
-    kw = dict(max_new_tokens=max_new, backend=app_backend())
-    m = generate_ids(lm, [ids], DecodeConfig(mode="mars", tau=tau, block_size=block, **kw))[0]
-    a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, **kw))[0]
+    mode = MODE_LABELS[DEFAULT_MODE_LABEL]
+    cfg = make_config(mode, MODE_TAU[mode], block, max_new, top_k=0)
+    m = generate_ids(lm, [ids], cfg)[0]
+    a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new,
+                                             backend=cfg.backend))[0]
     return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
             "mars_pass_ms": median_ms([s.seconds for s in m.steps]),
             "ar_tokens": a.tokens, "ar_passes": a.passes, "ar_s": a.decode_seconds,

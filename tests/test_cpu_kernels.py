@@ -148,7 +148,7 @@ hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
 a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
 logits = torch.randn(3, 1000, generator=g) * 5
 torch.save({"block": lib.mars_block(), "y": y, "xq": xq, "lora": d, "norm": (hn, hq), "silu": (a, aq),
-            "argmax": ck.argmax_conf(logits)}, sys.argv[1])
+            "argmax": ck.argmax_conf(logits), "top": ck.top_probs(logits, 5)}, sys.argv[1])
 """
 
 
@@ -190,7 +190,8 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
     hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
     a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
     logits = torch.randn(3, 1000, generator=g) * 5
-    for name, want in (("norm", (hn, hq)), ("silu", (a, aq)), ("argmax", ck.argmax_conf(logits))):  # vectorized,
+    for name, want in (("norm", (hn, hq)), ("silu", (a, aq)), ("argmax", ck.argmax_conf(logits)),
+                       ("top", ck.top_probs(logits, 5))):  # vectorized,
         # the same bits at any width
         assert all(torch.equal(u, v) for u, v in zip(got[name], want)), name
 
@@ -327,3 +328,29 @@ def test_greedy_choice_and_its_probability_in_c_equal_the_tensor_ops():
     t3, c3 = choose_and_score(x.double(), "prob")
     assert torch.equal(t3, tok)
     torch.testing.assert_close(c3.float(), conf, rtol=1e-5, atol=1e-9)
+
+
+@needs_c
+def test_top_candidates_in_c_equal_softmax_then_topk():
+    """top_probs: the k likeliest tokens (earlier index first among equal values) and their softmax
+    probabilities, as softmax + topk give them; acceptance.top_probs takes it on a CPU, the tensor ops elsewhere."""
+    from mars.core.acceptance import top_probs
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 4, 49152 + 5, generator=g) * 4
+    x[0, 0, [7, 9000, 20000]] = 40.0  # tied at the top: 7, 9000, 20000 in that order
+    x[1, 1, -2:] = 45.0  # the best two in the scalar tail
+    prob, idx = ck.top_probs(x, 5)
+    assert prob.shape == idx.shape == (3, 4, 5)
+    assert idx[0, 0, :3].tolist() == [7, 9000, 20000] and idx[1, 1, :2].tolist() == [x.shape[-1] - 2, x.shape[-1] - 1]
+    ref = torch.softmax(x.double(), -1)
+    torch.testing.assert_close(prob, ref.gather(-1, idx).float(), rtol=1e-5, atol=1e-9)
+    top = torch.softmax(x, -1).topk(5, -1)
+    assert torch.equal(idx[1:], top.indices[1:]) and torch.equal(idx[0, 1:], top.indices[0, 1:])  # no ties there
+    assert (prob[..., :-1] >= prob[..., 1:]).all()
+    p2, i2 = top_probs(x, 5)
+    assert torch.equal(p2, prob) and torch.equal(i2, idx)
+    assert ck.top_probs(x.double(), 5) is None
+    p3, i3 = top_probs(x[1:].double(), 5)  # the tensor ops
+    assert torch.equal(i3, idx[1:])
+    torch.testing.assert_close(p3.float(), prob[1:], rtol=1e-5, atol=1e-9)

@@ -69,6 +69,18 @@ def choose_and_score(
     return tokens, conf
 
 
+def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities, tokens) of the k likeliest tokens per row, descending: one C call on a CPU
+    (mars.core.cpu_kernels.top_probs), else softmax then topk. The inspector's candidates, the tree's children."""
+    from mars.core.cpu_kernels import top_probs as c_top_probs
+
+    fast = c_top_probs(logits, k)
+    if fast is not None:
+        return fast
+    top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)
+    return top.values, top.indices
+
+
 def accept_lengths(conf: torch.Tensor, tau: float, max_per_pass: int | None = None,
                    repeats: torch.Tensor | None = None, repeat_tau: float | None = None) -> torch.Tensor:
     """How many proposals each row accepts.

@@ -48,7 +48,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from mars.core.acceptance import CONFIDENCE_MEASURES, is_finite_number
+from mars.core.acceptance import CONFIDENCE_MEASURES, is_finite_number, top_probs
 from mars.core.backends import BACKENDS
 from mars.core.cache import BlockCache
 from mars.core.masks import tree_depths, window_mask
@@ -312,7 +312,7 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
     row.finish_reason = reason
     cands = None
     if cfg.top_k and res.proposal_logits is not None:
-        probs = torch.softmax(res.proposal_logits, dim=-1).topk(cfg.top_k, dim=-1)
+        probs = top_probs(res.proposal_logits, min(cfg.top_k, res.proposal_logits.shape[-1]))
         cands = [list(zip(ix.tolist(), [round(v, 6) for v in pv.tolist()])) for pv, ix in zip(*probs)]
     return PassRecord(
         row=row.index,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import calibrate_logits, choose_and_score, to_host
+from mars.core.acceptance import calibrate_logits, choose_and_score, to_host, top_probs
 from mars.core.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
 from mars.core.masks import tree_depths
 from mars.core.modes import Outcome, RowPlan
@@ -212,9 +212,8 @@ def walk(tree: DraftTree, ar_tokens: list[int]) -> list[int]:
 def top_candidates(logits: torch.Tensor, k: int, temperatures=None) -> Dists:
     """(n, V) mask logits -> per mask: its top-k tokens and their (calibrated) probabilities; one copy to
     the host, so the logits may live on any device."""
-    logp = torch.log_softmax(calibrate_logits(logits, temperatures, ar_rows=0).float(), dim=-1)
-    val, idx = logp.topk(min(k, logp.shape[-1]), dim=-1)
-    both = torch.stack([val.exp(), idx.to(val.dtype)]).tolist()  # (2, n, k)
+    val, idx = top_probs(calibrate_logits(logits, temperatures, ar_rows=0).float(), min(k, logits.shape[-1]))
+    both = torch.stack([val, idx.to(val.dtype)]).tolist()  # (2, n, k)
     return [([int(t) for t in ts], ps) for ps, ts in zip(*both)]
 
 
