@@ -110,6 +110,11 @@ def press_generate(page) -> float:
 
 def test_stream_steer_and_stop(browser, tiny_server):
     page = open_app(browser, tiny_server)
+    # the page opens in the lossless mode at tau 0 (the fastest setting against AR on a CPU: README)
+    assert page.locator("#mode input[value='Verified (lossless)']").is_checked()
+    assert page.input_value("#tau input[type=number]") == "0"
+    page.locator("#mode").get_by_text("MARS (tau rule)").click()  # the tau rule: its tau is the paper's 0.9
+    page.wait_for_function("document.querySelector('#tau input[type=number]').value == '0.9'", timeout=10_000)
     page.fill("#prompt textarea", "what is the capital of france ?")
     set_number(page, "max-new-tokens", 400)
     first = press_generate(page)
@@ -239,6 +244,8 @@ def test_race_is_measured_from_both_runs_and_verified_mode_defaults_to_tau_0(bro
     page.fill("#prompt textarea", "what is the capital of france ?")
     set_number(page, "max-new-tokens", 16)
     assert page.is_checked("#compare-ar input")  # "then run AR" is on by default
+    page.locator("#mode").get_by_text("MARS (tau rule)").click()
+    page.wait_for_function("document.querySelector('#tau input[type=number]').value == '0.9'", timeout=10_000)
     page.locator("#mode").get_by_text("Verified (lossless)").click()
     page.wait_for_function("document.querySelector('#tau input[type=number]').value == '0'", timeout=10_000)
     press_generate(page)
