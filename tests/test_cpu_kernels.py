@@ -225,6 +225,24 @@ def test_c_gated_delta_adds_the_delta_at_the_gated_rows_only(ranks):
     assert torch.equal(two[real], y[real])
 
 
+@needs_c
+def test_c_gated_delta_of_an_untrained_adapter_is_zero():
+    """B all zeros (peft's initial lora_B): no segment to read; y is left as it is, alone or in the product."""
+    a, b = gated_lora(64, [40, 24], [8, 8])
+    w = ck.LoraWeights.of(a, b * 0, [40, 24])
+    assert w is not None and w.seg.numel() == 0
+    g = torch.Generator().manual_seed(2)
+    h, y = torch.randn(5, 64, generator=g), torch.randn(5, 64, generator=g)
+    assert torch.equal(ck.lora_rows(lib, h, torch.tensor([1, 3]), w, y.clone()), y)
+    q, sw = quantize_weight(torch.randn(64, 64, generator=g))
+    blocked, wsum = ck.block_weights(lib, q)
+    xq, sx = ck.quant_rows2(lib, h, 64)
+    bare = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None)
+    assert torch.equal(ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, None, (h, torch.tensor([1, 3]), w)), bare)
+    with pytest.raises(ValueError, match="A takes 64"):
+        ck.lora_rows(lib, h[:, :32], torch.tensor([1]), w, y.clone())
+
+
 def test_c_gated_delta_takes_float16_values_only():
     """Values that float16 cannot hold exactly (a float32 adapter): no C layout, the float tensor ops add them."""
     a, b = gated_lora(32, [16], [4], dtype=torch.float32)

@@ -307,21 +307,21 @@ static inline void block_delta(const lora_w *lw, float t[][MAXR], const int64_t 
     }
 }
 
-void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, int64_t k, const uint16_t *at,
-                    int64_t R, const uint16_t *bt, const int64_t *seg, int64_t nseg, float *y, int64_t ldy) {
-    const lora_w lw = {at, R, k, bt, seg, nseg};
+void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, const lora_w *lw, float *y,
+                    int64_t ldy) {
+    if (n == 0 || lw->nseg == 0) return;  /* no gated row, or B all zeros (an adapter before training) */
+    const int64_t *last = lw->seg + 5 * (lw->nseg - 1), m = last[0] + last[1];  /* past the last adapted output */
     float part[2][MAXROWS / 2][MAXR];
     #pragma omp parallel
     {
         #pragma omp for schedule(static)
-        for (int p = 0; p < 2; p++) lora_part(&lw, p, h, ldh, rows, n, part[p]);
+        for (int p = 0; p < 2; p++) lora_part(lw, p, h, ldh, rows, n, part[p]);
         /* y[g] += B t, split by blocks of outputs across threads: each thread sums the halves itself */
         float t[MAXROWS / 2][MAXR];
         for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
-        const int64_t m = seg[5 * (nseg - 1)] + seg[5 * (nseg - 1) + 1];  /* past the last adapted output */
+            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
         #pragma omp for schedule(static)
-        for (int64_t o = 0; o < m; o += LB) block_delta(&lw, t, rows, n, o, o + LB < m ? o + LB : m, y, ldy);
+        for (int64_t o = 0; o < m; o += LB) block_delta(lw, t, rows, n, o, o + LB < m ? o + LB : m, y, ldy);
     }
 }
 
@@ -494,7 +494,7 @@ int mars_has_amx(void) { return 0; }
 /* n <= MAXROWS / 2 rows; m: the real channels (the blocked weights may hold padding channels past m) */
 void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
                      const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
+                     const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
     const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
     const int lora = lw != NULL && ng > 0;
     float part[2][MAXROWS / 2][MAXR];
@@ -679,7 +679,7 @@ def _compile(cc: str, flags: list[str], lib: Path) -> tuple[ctypes.CDLL | None, 
     so.mars_gemv_rows2.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64,
                                    ptr]
     so.mars_gemv_rows2.restype = None
-    so.mars_lora_rows.argtypes = [ptr, i64, ptr, i64, i64, ptr, i64, ptr, ptr, i64, ptr, i64]
+    so.mars_lora_rows.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64]
     so.mars_lora_rows.restype = None
     so.mars_argmax_conf.argtypes = [ptr, i64, i64, i64, ptr, ptr]
     so.mars_argmax_conf.restype = None
@@ -859,8 +859,10 @@ def lora_rows(lib, h: torch.Tensor, rows: torch.Tensor, w: LoraWeights, y: torch
     float32 with contiguous rows; returns y."""
     if rows.numel() > MAX_C_ROWS:
         raise ValueError(f"the C delta takes at most {MAX_C_ROWS} rows, got {rows.numel()}")
-    lib.mars_lora_rows(h.data_ptr(), h.stride(0), rows.data_ptr(), rows.numel(), h.shape[1], w.at.data_ptr(),
-                       w.at.shape[1], w.bt.data_ptr(), w.seg.data_ptr(), w.seg.numel() // 5, y.data_ptr(), y.stride(0))
+    if h.shape[1] != w.c.k:
+        raise ValueError(f"the delta's rows have {h.shape[1]} values, its A takes {w.c.k}")
+    lib.mars_lora_rows(h.data_ptr(), h.stride(0), rows.data_ptr(), rows.numel(), ctypes.byref(w.c), y.data_ptr(),
+                       y.stride(0))
     return y
 
 

@@ -183,11 +183,12 @@ class Int8Linear(_Linear):
         return y.view(*lead, self.out_features)
 
     # The layer's steps fused into the C loops (float32 rows); where they cannot run, _Linear's plain ops.
-    # The gated delta: by `mars_lora_rows` at the gated rows after the fused product (and residual), or by
-    # _Linear's tensor ops, the residual then added after it. Either way a real row's floats are the same
-    # (no delta, or + 0 exactly); a mask row's differ by rounding (the order of the sums).
+    # The gated delta: by the C kernels at the gated rows only, after the product and its residual (in the
+    # product's call up to MAX_C_ROWS tokens, `lora_rows` after oneDNN's product beyond), or by _Linear's
+    # tensor ops, the residual then added after it. Either way a real row's floats are the same (no delta, or
+    # + 0 exactly); a mask row's differ by rounding (the order of the sums).
     def _c_delta(self, gate) -> bool:
-        """Whether `mars_lora_rows` adds this pass's delta (else the tensor ops, or there is none)."""
+        """Whether the C kernels add this pass's delta (else the tensor ops, or there is none)."""
         return self.lora_c is not None and isinstance(gate, Gate) and gate.rows.numel() <= MAX_C_ROWS
 
     def normed(self, x, weight, eps, gate=None):
