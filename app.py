@@ -33,7 +33,7 @@ from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
     DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, backend_label, chart_every_s,
-    check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit,
+    check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit, mode_block,
 )
 from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
 
@@ -159,9 +159,10 @@ class MarsApp:
         return d
 
     # ----------------------------------------------------------------------------------------- handlers
-    def model_info(self):
-        """(one-line banner, full table, trained block size, keep polling?). While the model loads at
-        start-up the banner says so, and the page's timer asks again."""
+    def model_info(self, mode=DEFAULT_MODE_LABEL):
+        """(one-line banner, full table, block size, keep polling?). While the model loads at start-up the
+        banner says so, and the page's timer asks again. The block size is the one the selected mode starts at
+        with this model (inputs.mode_block: its trained B, at most 2 for verified mode on a CPU)."""
         from mars.models.loading import LoadError
 
         if self.holder.state == "loading":
@@ -183,7 +184,9 @@ class MarsApp:
                 ("backend", backend_label(lm))]
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banner, table = viz.render_model_html(rows, notes)
-        return banner, table, lm.trained_block_size or gr.skip(), gr.update(active=False)
+        mode = MODE_LABELS.get(mode, mode)  # a label from the page, or a core name
+        mode = mode if mode in MODE_TAU else MODE_LABELS[DEFAULT_MODE_LABEL]
+        return banner, table, mode_block(mode, lm), gr.update(active=False)
 
     def set_tau(self, tau, session: Session):
         """The slider's one handler. tau's whole path, slider to rule:
@@ -200,9 +203,17 @@ class MarsApp:
         session.stop()
 
     def mode_changed(self, mode):
-        """Verified mode is lossless whatever tau: it starts at its fastest setting, tau 0 (send every draft)."""
+        """(tau, block size) for the mode switched to. Verified mode is lossless whatever tau and B: it starts at
+        its fastest setting on this device, tau 0 (send every draft) and `mode_block`'s B; MARS at tau 0.9 and
+        the trained B. While the model is still loading the block slider is left as it is."""
         mode = MODE_LABELS.get(mode, mode)
-        return gr.update(value=MODE_TAU[mode], label=TAU_LABELS[mode])
+        return gr.update(value=MODE_TAU[mode], label=TAU_LABELS[mode]), self.mode_block(mode)
+
+    def mode_block(self, mode):
+        """The block slider for `mode` (a label or a core name) with the current model (inputs.mode_block); left
+        as it is while the model loads."""
+        lm = self.holder.loaded
+        return gr.update(value=mode_block(MODE_LABELS.get(mode, mode), lm)) if lm is not None else gr.skip()
 
     def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, mode, session: Session,
                  tree_nodes=0):
@@ -470,7 +481,7 @@ class MarsApp:
                     first = MODE_LABELS[DEFAULT_MODE_LABEL]
                     ui.tau = gr.Slider(0.0, 1.0, value=MODE_TAU[first], step=0.01, elem_id="tau",
                                       label=TAU_LABELS[first])
-                    ui.block = gr.Slider(1, MAX_BLOCK, value=DEFAULT_BLOCK_SIZE, step=1, label="block size B",
+                    ui.block = gr.Slider(1, MAX_BLOCK, value=mode_block(first), step=1, label="block size B",
                                          elem_id="block-size")
                     ui.max_new = gr.Slider(8, max_new_tokens_limit(), value=128, step=8, label="max new tokens",
                                           elem_id="max-new-tokens")
@@ -559,10 +570,10 @@ class MarsApp:
                             show_progress="minimal", show_progress_on=[ui.stats], trigger_mode="once")
         quick = dict(queue=False, api_visibility="private")  # tau, stop: must act while a run holds the queue
         info_outputs = [ui.model_banner, ui.model_info, ui.block, ui.model_timer]
-        demo.load(self.model_info, None, info_outputs, api_visibility="private")  # may load: queued
+        demo.load(self.model_info, [ui.mode], info_outputs, api_visibility="private")  # may load: queued
         # while the start-up load runs, the answer is immediate: no queue, so a busy queue cannot delay it
-        ui.model_timer.tick(self.model_info, None, info_outputs, api_visibility="private", queue=False)
-        ui.mode.change(self.mode_changed, [ui.mode], [ui.tau], **quick)
+        ui.model_timer.tick(self.model_info, [ui.mode], info_outputs, api_visibility="private", queue=False)
+        ui.mode.change(self.mode_changed, [ui.mode], [ui.tau, ui.block], **quick)
         gen_outputs = [ui.output, ui.output_ar, ui.stats, ui.chart_tokens, ui.chart_conf, ui.chart_race,
                        ui.inspect_pass, ui.inspect, ui.download_html, ui.download_json]
         gen_inputs = [ui.prompt, ui.tau, ui.block, ui.max_new, ui.confidence, ui.compare, ui.mode, session,
@@ -581,13 +592,14 @@ class MarsApp:
                           [ui.chart_sweep, ui.sweep_table], **model_events)
         for slider in (ui.mask_len, ui.mask_block):
             slider.change(self.mask, [ui.mask_len, ui.mask_block], [ui.chart_mask], **quick)
-        ui.paper.event.then(self.model_info, None, info_outputs, api_visibility="private")
+        ui.paper.event.then(self.model_info, [ui.mode], info_outputs, api_visibility="private")
         demo.load(self.model_tab_view, None, [ui.model_help, ui.switch_box, ui.admin_token, ui.paper_links],
                   queue=False, api_visibility="private")
         # one load at a time, whichever button: each is sized against what is free while no other loads
         ui.load_btn.click(self.load_model, [ui.model_id, ui.model_adapter, ui.admin_token],
                          [ui.model_message, ui.model_banner, ui.model_info, ui.block],
-                         concurrency_id=SWITCH, concurrency_limit=1, api_visibility="private")
+                         concurrency_id=SWITCH, concurrency_limit=1, api_visibility="private"
+                         ).then(self.mode_block, [ui.mode], [ui.block], **quick)  # the new model's B for this mode
 
 
 def _failure_message(e: Exception, log_line: str) -> str:

@@ -2,7 +2,7 @@
 
 1. Starts the app in-process (default model + shipped adapter, or MARS_MODEL / MARS_ADAPTER) on a free port and
    waits for the model to load.
-2. Drives headless Chromium through the prompts at the app's defaults (mode and tau, B 4, "then run AR" on), one
+2. Drives headless Chromium through the prompts at the app's defaults (mode, tau and B, "then run AR" on), one
    after another, and reads each race from the trace JSON download (#download-json): MARS and AR decode
    seconds, tokens, passes, median pass ms.
 3. Two visitors at once: two pages press Generate together; each one's time to its first group, and the
@@ -202,11 +202,13 @@ def _runs(s: str) -> list[str]:
 def handler_race(demo, prompt: str, max_new: int) -> dict:
     """The app's own generate handler at its defaults, consumed in this thread: no server, no browser. What the
     app's passes cost without the page's updates being sent and drawn."""
+    from mars.app.inputs import MODE_LABELS, mode_block
     from mars.app.session import Session
 
     ma = demo.mars_app
     session = Session()
-    for _ in ma.generate(prompt, ma.ui.tau.value, 4, max_new, "prob", True, ma.ui.mode.value, session):
+    block = mode_block(MODE_LABELS[ma.ui.mode.value], ma.holder.get())  # as the page sets its slider
+    for _ in ma.generate(prompt, ma.ui.tau.value, block, max_new, "prob", True, ma.ui.mode.value, session):
         pass
     m, a = session.mars, session.ar
     return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
@@ -216,19 +218,19 @@ def handler_race(demo, prompt: str, max_new: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ the bench
-def bench_race(lm, prompt: str, max_new: int, threads: int, block: int = 4) -> dict:
+def bench_race(lm, prompt: str, max_new: int, threads: int) -> dict:
     """The bench's core path (`generate_ids`, batch 1) in this thread, the app's default mode and tau (its own
     config builder, `make_config`) then ar, on `threads` threads, on the app's backend (MARS_BACKEND; int8 by
     default on a CPU), so that app and bench run the same model and setting."""
     import torch
 
-    from mars.app.inputs import DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, make_config
+    from mars.app.inputs import DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, make_config, mode_block
     from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
     ids = encode_prompt(lm.tokenizer, prompt)
     mode = MODE_LABELS[DEFAULT_MODE_LABEL]
-    cfg = make_config(mode, MODE_TAU[mode], block, max_new, top_k=0)
+    cfg = make_config(mode, MODE_TAU[mode], mode_block(mode, lm), max_new, top_k=0)
     m = generate_ids(lm, [ids], cfg)[0]
     a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new,
                                              backend=cfg.backend))[0]

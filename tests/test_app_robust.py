@@ -24,7 +24,7 @@ from conftest import serve
 from mars.app import serving
 from mars.app.serving import default_provider
 from mars.app.session import Session
-from mars.app.inputs import app_backend, check_prompt, make_config, sanitize_text
+from mars.app.inputs import VERIFIED_CPU_BLOCK, app_backend, check_prompt, make_config, mode_block, sanitize_text
 from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 from mars.models.loading import LoadError
 from tiny import make_loaded, save_tiny
@@ -530,11 +530,30 @@ def test_the_page_and_the_trace_name_the_model_never_a_server_path(tmp_path):
     assert json.loads(trace)["model"]["adapter"] == "mars-adapter"
 
 
+def test_mode_block_keeps_the_trained_b_except_verified_on_a_cpu(lm, monkeypatch):
+    assert lm.default_block_size > VERIFIED_CPU_BLOCK  # the library default B 4 (the tiny model has no mars.json)
+    assert mode_block("verified", lm) == VERIFIED_CPU_BLOCK and mode_block("mars", lm) == lm.default_block_size
+    assert mode_block("verified") == VERIFIED_CPU_BLOCK  # no model yet: the page's first value
+    monkeypatch.setattr(lm, "trained_block_size", 1)
+    assert mode_block("verified", lm) == 1  # never above the trained B
+    monkeypatch.setattr(lm, "trained_block_size", 4)
+
+    class OnGpu:  # a model on a GPU: width is ~free there, so verified keeps every trained mask
+        device = "cuda:0"
+
+    monkeypatch.setattr(lm, "model", OnGpu())
+    assert mode_block("verified", lm) == 4
+
+
 def test_verified_mode_starts_at_its_fastest_lossless_setting(lm):
     ui = app_module.create_demo(lambda: lm).mars_app
-    update = ui.mode_changed(VERIFIED)
-    assert update["value"] == 0.0 and "verified" in update["label"]
-    assert ui.mode_changed(MARS)["value"] == 0.9
+    ui.holder.get()
+    tau, block = ui.mode_changed(VERIFIED)
+    assert tau["value"] == 0.0 and "verified" in tau["label"]
+    assert block["value"] == min(lm.default_block_size, VERIFIED_CPU_BLOCK) == 2  # one mask a pass on a CPU
+    tau, block = ui.mode_changed(MARS)
+    assert tau["value"] == 0.9 and block["value"] == lm.default_block_size  # MARS: the trained B
+    assert ui.model_info(VERIFIED)[2] == 2 and ui.model_info(MARS)[2] == lm.default_block_size
     assert make_config("verified", 0.0, 4, 16).verify_groups == "last"
     session = Session()
     list(run(ui, session, tau=0.0, max_new=20, mode=VERIFIED))

@@ -113,8 +113,11 @@ def test_stream_steer_and_stop(browser, tiny_server):
     # the page opens in the lossless mode at tau 0 (the fastest setting against AR on a CPU: README)
     assert page.locator("#mode input[value='Verified (lossless)']").is_checked()
     assert page.input_value("#tau input[type=number]") == "0"
+    assert page.input_value("#block-size input[type=number]") == "2"  # one mask a pass: verified's B on a CPU
     page.locator("#mode").get_by_text("MARS (tau rule)").click()  # the tau rule: its tau is the paper's 0.9
     page.wait_for_function("document.querySelector('#tau input[type=number]').value == '0.9'", timeout=10_000)
+    # and the trained B (the tiny model has none: the library's 4)
+    page.wait_for_function("document.querySelector('#block-size input[type=number]').value == '4'", timeout=10_000)
     page.fill("#prompt textarea", "what is the capital of france ?")
     set_number(page, "max-new-tokens", 400)
     first = press_generate(page)
@@ -257,6 +260,7 @@ def test_race_is_measured_from_both_runs_and_verified_mode_defaults_to_tau_0(bro
     m, a = trace["mars"], trace["ar"]
     expected = (a["decode_seconds"] / a["tokens"]) / (m["decode_seconds"] / m["tokens"])
     assert shown == f"{expected:.2f}×" and m["config"]["tau"] == 0.0 and m["config"]["drafts"] == "both"
+    assert m["config"]["block_size"] == 2  # switching back to verified brought its CPU block size back too
     page.close()
 
 

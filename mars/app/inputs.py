@@ -17,12 +17,32 @@ TOP_K = 5  # candidates kept per proposal, for the pass inspector
 MODE_LABELS = {"MARS (tau rule)": "mars", "Verified (lossless)": "verified"}  # the app's modes: UI label -> core
 APP_MODES = tuple(MODE_LABELS.values())
 # The page opens in verified mode (issue 24): on two CPU cores it is the setting that measured fastest against
-# AR (the same text as AR, ~1.45 tokens per pass), where MARS at tau 0.9 (~1.15 tokens per pass) stays behind
-# AR; README "Results" has the race. Each mode's tau when the page opens or the mode is switched to it:
+# AR (the same text as AR, ~1.35 tokens per pass at B 2), where MARS at tau 0.9 (~1.15 tokens per pass) stays
+# behind AR; README "Results" has the race. Each mode's tau when the page opens or the mode is switched to it:
 # verified sends every draft (tau 0, its fastest: tau never changes its text), MARS the paper's 0.9.
 DEFAULT_MODE_LABEL = "Verified (lossless)"
 MODE_TAU = {"mars": 0.9, "verified": 0.0}
 TAU_LABELS = {"mars": "τ (live: moves the running generation)", "verified": "τ (verified: only which drafts get checked)"}
+# Verified mode's block size on a CPU: one mask, so one draft a pass (or a longer copy from n-gram lookup).
+# On two cores every input makes a pass dearer (a 7-input int8 pass ~1.3x a 1-input one), and the second and
+# third mask drafts are rarely accepted. Measured at 46f9f71 (int8, 20 held-out prompts, 48 tokens, two
+# interleaved rounds; README "Results"): against int8 AR, B 2 1.17x at 1.35 tokens per pass and 4.6 inputs,
+# B 3 1.12x, B 4 1.07x at 1.45 tokens per pass and 7.4 inputs. A GPU,
+# where a pass of 1 or 8 inputs costs the same, keeps the trained B. MARS mode always starts at the trained B:
+# its chain of accepted masks is what the page teaches.
+VERIFIED_CPU_BLOCK = 2
+
+
+def mode_block(mode: str, lm=None) -> int:
+    """The block size a mode starts at (page load, mode switch, API default): the model's trained B (the
+    library's default without a model), but at most VERIFIED_CPU_BLOCK for verified mode on a CPU."""
+    from mars.core.decoding import DEFAULT_BLOCK_SIZE
+
+    trained = lm.default_block_size if lm is not None else DEFAULT_BLOCK_SIZE
+    on_cpu = lm is None or str(getattr(lm.model, "device", "cpu")).startswith("cpu")
+    if mode == "verified" and on_cpu:
+        return min(trained, VERIFIED_CPU_BLOCK)
+    return trained
 
 
 def max_new_tokens_limit() -> int:
