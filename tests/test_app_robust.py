@@ -615,3 +615,31 @@ def test_the_app_runs_int8_by_default_and_says_so(lm, monkeypatch):
     monkeypatch.setenv("MARS_BACKEND", "turbo")
     with pytest.raises(ValueError, match="MARS_BACKEND"):
         make_config("mars", 0.9, 4, 8)
+
+
+def test_the_pass_lock_serves_visitors_in_the_order_they_asked():
+    """A thread that releases the pass lock and asks again at once must not win it over one already waiting (a
+    plain Lock let one visitor's whole run go first); with three waiting, each gets it in turn."""
+    lock = serving.FairLock()
+    order, started = [], []
+
+    def visitor(name, passes):
+        started.append(name)
+        for _ in range(passes):
+            with lock:
+                order.append(name)
+                time.sleep(0.002)  # a pass
+
+    lock.acquire()  # a pass in flight: both visitors queue behind it, A first
+    threads = []
+    for name in "AB":
+        threads.append(threading.Thread(target=visitor, args=(name, 20)))
+        threads[-1].start()
+        while lock._next < len(threads) + 1:  # this visitor holds its ticket before the next one starts
+            time.sleep(0.001)
+    lock.release()
+    for t in threads:
+        t.join(timeout=30)
+    assert order == ["A", "B"] * 20  # strictly alternating: neither ever re-won the lock while the other waited
+    with lock:  # and it is free again (usable as a context manager, as sweep.py and the batch tab use it)
+        pass

@@ -67,6 +67,38 @@ def default_provider() -> Callable[[], object]:
     return provide
 
 
+class FairLock:
+    """A lock handed out in the order it was asked for (a ticket lock). The pass lock must be fair: with a plain
+    Lock a visitor's thread that releases it after a pass and asks again at once can win it again and again
+    while another visitor waits (seen in scripts/race.py: one visitor's whole run went first, and the other's
+    first group waited 2.8-7.7 s). With tickets, two visitors' passes alternate."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._next = 0  # the next ticket to hand out
+        self._serving = 0  # the ticket that holds the lock
+
+    def acquire(self):
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._cond.wait()
+
+    def release(self):
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
 class PassSlot:
     """One forward pass at a time, on the holder's thread count: the pass lock, and the calling worker
     thread's own OpenMP setting (set here because a worker thread keeps the count it started with)."""
@@ -95,7 +127,7 @@ class ModelHolder:
         self._error: str | None = None
         self._load_lock = threading.Lock()
         self._loader: threading.Thread | None = None
-        self.pass_lock = threading.Lock()
+        self.pass_lock = FairLock()  # one pass at a time, in the order visitors asked
         self.threads = threads or pass_threads()
         self.pass_slot = PassSlot(self)  # `with holder.pass_slot:` around every forward pass, whatever runs it
 
