@@ -184,9 +184,7 @@ class MarsApp:
                 ("backend", backend_label(lm))]
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banner, table = viz.render_model_html(rows, notes)
-        mode = MODE_LABELS.get(mode, mode)  # a label from the page, or a core name
-        mode = mode if mode in MODE_TAU else MODE_LABELS[DEFAULT_MODE_LABEL]
-        return banner, table, mode_block(mode, lm), gr.update(active=False)
+        return banner, table, mode_block(_page_mode(mode), lm), gr.update(active=False)
 
     def set_tau(self, tau, session: Session):
         """The slider's one handler. tau's whole path, slider to rule:
@@ -213,7 +211,7 @@ class MarsApp:
         """The block slider for `mode` (a label or a core name) with the current model (inputs.mode_block); left
         as it is while the model loads."""
         lm = self.holder.loaded
-        return gr.update(value=mode_block(MODE_LABELS.get(mode, mode), lm)) if lm is not None else gr.skip()
+        return gr.update(value=mode_block(_page_mode(mode), lm)) if lm is not None else gr.skip()
 
     def generate(self, prompt, tau, block_size, max_new_tokens, confidence, compare, mode, session: Session,
                  tree_nodes=0):
@@ -600,6 +598,14 @@ class MarsApp:
                          [ui.model_message, ui.model_banner, ui.model_info, ui.block],
                          concurrency_id=SWITCH, concurrency_limit=1, api_visibility="private"
                          ).then(self.mode_block, [ui.mode], [ui.block], **quick)  # the new model's B for this mode
+
+
+def _page_mode(mode) -> str:
+    """The core name of the mode radio's value (a label, or a core name); the page's default for anything else."""
+    try:
+        return check_mode(mode)
+    except ValueError:
+        return MODE_LABELS[DEFAULT_MODE_LABEL]
 
 
 def _failure_message(e: Exception, log_line: str) -> str:

@@ -27,15 +27,16 @@ TAU_LABELS = {"mars": "τ (live: moves the running generation)", "verified": "τ
 # On two cores every input makes a pass dearer (a 7-input int8 pass ~1.3x a 1-input one), and the second and
 # third mask drafts are rarely accepted. Measured at 46f9f71 (int8, 20 held-out prompts, 48 tokens, two
 # interleaved rounds; README "Results"): against int8 AR, B 2 1.17x at 1.35 tokens per pass and 4.6 inputs,
-# B 3 1.12x, B 4 1.07x at 1.45 tokens per pass and 7.4 inputs. A GPU,
-# where a pass of 1 or 8 inputs costs the same, keeps the trained B. MARS mode always starts at the trained B:
-# its chain of accepted masks is what the page teaches.
+# B 3 1.12x, B 4 1.07x at 1.45 tokens per pass and 7.4 inputs. A GPU, where a pass of 1 or 8 inputs costs the
+# same, keeps the trained B. MARS mode always starts at the trained B: its chain of accepted masks is what the
+# page teaches.
 VERIFIED_CPU_BLOCK = 2
 
 
 def mode_block(mode: str, lm=None) -> int:
-    """The block size a mode starts at (page load, mode switch, API default): the model's trained B (the
-    library's default without a model), but at most VERIFIED_CPU_BLOCK for verified mode on a CPU."""
+    """The block size the page's slider takes for a mode (page load, mode switch, model switch): the model's
+    trained B (the library's default without a model), but at most VERIFIED_CPU_BLOCK for verified mode on a
+    CPU. The API's block_size defaults are fixed in its signature and do not follow this."""
     from mars.core.decoding import DEFAULT_BLOCK_SIZE
 
     trained = lm.default_block_size if lm is not None else DEFAULT_BLOCK_SIZE
