@@ -15,6 +15,7 @@ reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.f
     python scripts/pass_cost.py --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
     python scripts/pass_cost.py --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
     python scripts/pass_cost.py --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.core.static)
+    python scripts/pass_cost.py --threads 2 --backends fast fast-int8-ops fast-int8 --widths 1 2 4 7   # the C layers
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Floor:
 
 def make(model, name: str, capacity: int):
     """'hf', 'floor', 'floor-int8' (int8 matrices' products only), 'fast', 'fast-bf16', 'fast-int8', 'static',
-    or 'fast:<layout>' / 'fast-bf16:<layout>' to compare matrix layouts."""
+    'fast-int8-ops' (int8 without the C layer loop: the per-layer tensor ops and SDPA), or 'fast:<layout>' /
+    'fast-bf16:<layout>' to compare matrix layouts."""
     if name == "hf":
         return HFBackend(model)
     if name == "static":
@@ -66,6 +68,8 @@ def make(model, name: str, capacity: int):
         return StaticBackend(model, 1, capacity)
     if name in ("floor", "floor-int8"):
         return Floor(model, torch.int8 if name == "floor-int8" else None)
+    if name == "fast-int8-ops":
+        return FastBackend(model, 1, capacity, torch.int8, c_layers=False)
     base, _, layout = name.partition(":")
     return FastBackend(model, 1, capacity, WEIGHT_DTYPES.get(base), layout or "auto")
 

@@ -147,8 +147,13 @@ ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, outs.long(
 hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
 a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
 logits = torch.randn(3, 1000, generator=g) * 5
+from mars.core.cpu_layers import attend
+att = []
+for c in torch.load(sys.argv[3]):  # attention cases: (qkv, cos, sin, k, v, C, allowed, H, KV)
+    qkv, cos, sin, k, v, C, allowed, H, KV = c
+    att.append((attend(lib, qkv, cos, sin, k, v, C, allowed, H, KV), k, v, qkv))
 torch.save({"block": lib.mars_block(), "y": y, "xq": xq, "lora": d, "norm": (hn, hq), "silu": (a, aq),
-            "argmax": ck.argmax_conf(logits), "top": ck.top_probs(logits, 5)}, sys.argv[1])
+            "argmax": ck.argmax_conf(logits), "top": ck.top_probs(logits, 5), "attend": att}, sys.argv[1])
 """
 
 
@@ -170,7 +175,15 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
            "MARS_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     a, b = gated_lora(96, [40, 24], [8, 16])
     torch.save({"a": a, "b": b, "outs": torch.tensor([40, 24])}, tmp_path / "lora.pt")
-    run = subprocess.run([sys.executable, "-c", AVX2_SCRIPT, str(out), str(tmp_path / "lora.pt")],
+    from test_cpu_layers import case, rope_rows
+
+    cases = []  # the C attention (mars.core.cpu_layers): hd 64 (16-key blocks with AVX-512), 16, and 40 (plain C)
+    for b_, W, C, H, KV, hd in ((2, 5, 41, 9, 3, 64), (1, 3, 20, 4, 2, 16), (1, 2, 9, 2, 1, 40)):
+        qkv, k, v, allowed = case(b_, W, C, H, KV, hd, cap=C + W + 3, seed=hd)
+        cases.append((qkv, *rope_rows(b_ * W, hd, seed=hd), k, v, C, allowed.to(torch.uint8), H, KV))
+    torch.save(cases, tmp_path / "attend.pt")
+    run = subprocess.run([sys.executable, "-c", AVX2_SCRIPT, str(out), str(tmp_path / "lora.pt"),
+                          str(tmp_path / "attend.pt")],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert run.returncode == 0, run.stderr
     got = torch.load(out)
@@ -194,6 +207,11 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
                        ("top", ck.top_probs(logits, 5))):  # vectorized,
         # the same bits at any width
         assert all(torch.equal(u, v) for u, v in zip(got[name], want)), name
+    from mars.core.cpu_layers import attend
+
+    for (qkv, cos, sin, k, v, C, allowed, H, KV), theirs in zip(cases, got["attend"]):
+        mine = attend(lib, qkv, cos, sin, k, v, C, allowed, H, KV)
+        assert all(torch.equal(u, w) for u, w in zip((mine, k, v, qkv), theirs)), k.shape  # the same order of sums
 
 
 @needs_c

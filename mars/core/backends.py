@@ -64,10 +64,10 @@ class HFBackend:
 
 class FastBackend:
     def __init__(self, model, batch: int, capacity: int, weight_dtype: torch.dtype | None = None,
-                 layout: str = "auto"):
+                 layout: str = "auto", c_layers: bool | None = None):
         from mars.core.fastpath import fast_model
 
-        self.lm = fast_model(model, weight_dtype, layout)
+        self.lm = fast_model(model, weight_dtype, layout, c_layers)
         self.cache = self.lm.new_cache(batch, capacity)
 
     @property

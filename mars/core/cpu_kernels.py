@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from mars.core.layers_c import SOURCE as LAYERS_SOURCE
+
 SOURCE = r"""
 #include <stdint.h>
 #include <math.h>
@@ -606,6 +608,8 @@ void mars_top_probs(const float *x, int64_t n, int64_t V, int64_t ld, int64_t k,
 }
 """
 
+SOURCE += LAYERS_SOURCE  # the attention and the layer loop, built on the kernels above
+
 _LOCK = threading.Lock()
 _STATE: dict = {}  # "lib": the loaded library or None, "why": why not
 
@@ -687,6 +691,11 @@ def _compile(cc: str, flags: list[str], lib: Path) -> tuple[ctypes.CDLL | None, 
     so.mars_top_probs.restype = None
     so.mars_block.argtypes = []
     so.mars_block.restype = ctypes.c_int
+    so.mars_attend.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr]
+    so.mars_attend.restype = ctypes.c_int
+    so.mars_layers.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr,
+                               ptr, i64, ctypes.c_int]
+    so.mars_layers.restype = ctypes.c_int
     so.mars_gemv_amx.argtypes = so.mars_gemv_rows2.argtypes
     so.mars_gemv_amx.restype = None
     for name in ("mars_amx_init", "mars_has_amx"):

@@ -290,7 +290,8 @@ class KVCache:
 class FastLM:
     """The lean forward over one transformers model's weights (see the module docstring)."""
 
-    def __init__(self, model, weight_dtype: torch.dtype | None = None, layout: str = "auto"):
+    def __init__(self, model, weight_dtype: torch.dtype | None = None, layout: str = "auto",
+                 c_layers: bool | None = None):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the fast path does not support this model: {reason}")
@@ -320,6 +321,35 @@ class FastLM:
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0)
         self.device = self.embed.device
+        # int8 on the C kernels: the layer loop and attention in C (mars.core.cpu_layers); else None. c_layers None:
+        # on unless MARS_C_LAYERS=0; False: the per-layer tensor ops (SDPA), as benchmarks compare them
+        self.c_layers = None
+        if c_layers is None:
+            c_layers = os.environ.get("MARS_C_LAYERS", "1") != "0"
+        if self.weight_dtype == torch.int8 and c_layers:
+            from mars.core.cpu_layers import CLayers
+
+            self.c_layers = CLayers.of(self)
+
+    def _c_forward(self, x: torch.Tensor, positions, allowed, g, cache: KVCache, C: int) -> torch.Tensor:
+        """The layers in C (mars.core.cpu_layers), x updated in place: a pass of up to MAX_C_ROWS rows in one
+        call, a longer one (a prompt) layer by layer with the matrices from Python and the attention in C."""
+        b, W, _ = x.shape
+        n = b * W
+        cos = self._cos[positions].reshape(n, -1)  # the table was grown by _rope
+        sin = self._sin[positions].reshape(n, -1)
+        al = allowed.contiguous().view(torch.uint8)
+        rows = None if g is None else g.rows
+        most = self.c_layers.max_rows
+        if n <= most and (rows is None or rows.numel() <= most):
+            return self.c_layers.layers(x, cos, sin, cache, C, al, rows)
+        for i, L in enumerate(self.layers):
+            qkv = L.qkv.normed(x, L.ln1, L.eps1, g).contiguous()
+            att = self.c_layers.attend(qkv, cos, sin, cache, i, C, al)
+            y = L.o.add_to(x, att, g)
+            y = L.down.add_silu_to(y, L.gate_up.normed(y, L.ln2, L.eps2, g), g)
+            x.copy_(y)
+        return x
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         return KVCache(self.n_layers, batch, self.n_kv, self.head_dim, capacity, self.dtype, self.device)
@@ -358,7 +388,7 @@ class FastLM:
             raise ValueError(f"mask shape {tuple(allowed.shape)} != {(b, W, C + W)}")
         cache.reserve(C + W)
         mask = None  # SDPA's fast case: every query sees every key (AR at batch 1)
-        if not bool(allowed.all()):  # additive, built once per pass rather than from a bool mask per layer
+        if self.c_layers is None and not bool(allowed.all()):  # additive, built once per pass rather than from a bool mask per layer
             mask = additive_mask(allowed, self.dtype)[:, None]  # (b, 1, W, C+W)
         cos, sin = self._rope(positions)  # (b, W, 1, hd)
         half = hd // 2
@@ -367,18 +397,21 @@ class FastLM:
             is_mask = ids == self.gated.mask_token_id
             g = Gate(is_mask, self.dtype) if bool(is_mask.any()) else None
         x = F.embedding(ids, self.embed)  # (b, W, D)
-        for i, L in enumerate(self.layers):
-            qkv = L.qkv.normed(x, L.ln1, L.eps1, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
-            qk = qkv[:, :, : H + KV]
-            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotary on q and k at once
-            ks, vs = cache.k[i], cache.v[i]  # (b, KV, capacity, hd)
-            ks[:, :, C:C + W] = qk[:, :, H:].transpose(1, 2)
-            vs[:, :, C:C + W] = qkv[:, :, H + KV:].transpose(1, 2)
-            q = qk[:, :, :H].transpose(1, 2)  # (b, H, W, hd)
-            att = F.scaled_dot_product_attention(q, ks[:, :, : C + W], vs[:, :, : C + W], attn_mask=mask,
-                                                 enable_gqa=True)  # (b, H, W, hd)
-            x = L.o.add_to(x, att.transpose(1, 2).reshape(b, W, H * hd), g)
-            x = L.down.add_silu_to(x, L.gate_up.normed(x, L.ln2, L.eps2, g), g)
+        if self.c_layers is not None:
+            self._c_forward(x, positions, allowed, g, cache, C)
+        else:
+            for i, L in enumerate(self.layers):
+                qkv = L.qkv.normed(x, L.ln1, L.eps1, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
+                qk = qkv[:, :, : H + KV]
+                qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotary on q and k at once
+                ks, vs = cache.k[i], cache.v[i]  # (b, KV, capacity, hd)
+                ks[:, :, C:C + W] = qk[:, :, H:].transpose(1, 2)
+                vs[:, :, C:C + W] = qkv[:, :, H + KV:].transpose(1, 2)
+                q = qk[:, :, :H].transpose(1, 2)  # (b, H, W, hd)
+                att = F.scaled_dot_product_attention(q, ks[:, :, : C + W], vs[:, :, : C + W], attn_mask=mask,
+                                                     enable_gqa=True)  # (b, H, W, hd)
+                x = L.o.add_to(x, att.transpose(1, 2).reshape(b, W, H * hd), g)
+                x = L.down.add_silu_to(x, L.gate_up.normed(x, L.ln2, L.eps2, g), g)
         cache.length = C + W
         return self.head.normed(x[:, keep], self.norm, self.norm_eps)  # (b, K, V): only the rows asked for
 
@@ -392,14 +425,15 @@ def _fingerprint(model) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def fast_model(model, weight_dtype: torch.dtype | None = None, layout: str = "auto") -> FastLM:
+def fast_model(model, weight_dtype: torch.dtype | None = None, layout: str = "auto",
+               c_layers: bool | None = None) -> FastLM:
     """The FastLM of `model`, built once (it copies the matrices) and rebuilt when the weights change."""
-    key = (weight_dtype, layout, id(getattr(model, "_mars_gated", None)))
+    key = (weight_dtype, layout, id(getattr(model, "_mars_gated", None)), c_layers)
     with _LOCK:
         builds = _BUILT.setdefault(model, {})
         fp = _fingerprint(model)
         for k in [k for k, (f, _) in builds.items() if f != fp]:
             del builds[k]  # built from older weights: free its memory
         if key not in builds:
-            builds[key] = (fp, FastLM(model, weight_dtype, layout))
+            builds[key] = (fp, FastLM(model, weight_dtype, layout, c_layers))
         return builds[key][1]

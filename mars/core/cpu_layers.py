@@ -1,0 +1,124 @@
+"""The int8 fast path's attention and whole-pass layer loop in C (source: mars.core.layers_c).
+
+    CLayers.of(lm)            -> CLayers, or None where a layer cannot run in C (not int8 on the C kernels,
+                                 float32 rows; or gated deltas the C kernels do not take)
+    attend(lib, qkv, ...)     rotary + cache write + attention of one layer (a pass too long for `layers`:
+                                 the same C attention, so a row's result is the same however wide its pass)
+    layers(x, ...)            every layer of a pass of up to MAX_C_ROWS rows in one call
+
+Measured on the default model (2 threads, int8, 128 cached tokens): see docs/int8.md.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from mars.core.cpu_kernels import MAX_C_ROWS, kernels
+
+
+def attend(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int,
+           allowed: torch.Tensor, n_heads: int, n_kv: int) -> torch.Tensor:
+    """The rotary, the cache write and attention of one layer's pass, in C (mars_attend).
+
+    qkv (b, W, (H + 2 KV) hd) float32 contiguous, [q heads | k heads | v heads] per row, rotated in place; cos,
+    sin (b W, hd) float32, each row's rotary (sin's first half negated: FastLM.rope_table); k, v (b, KV,
+    capacity, hd) contiguous, the layer's cache: the window's rotated keys and values go to columns [C, C + W);
+    allowed uint8 (b, W, C + W). Returns the attention (b, W, H hd).
+    """
+    b, W = qkv.shape[:2]
+    hd = k.shape[-1]
+    if not (qkv.is_contiguous() and k.is_contiguous() and v.is_contiguous() and allowed.is_contiguous()
+            and cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("attend takes contiguous tensors")
+    if qkv.shape[2] != (n_heads + 2 * n_kv) * hd or k.shape[:3] != (b, n_kv, k.shape[2]) or C + W > k.shape[2]:
+        raise ValueError(f"attend: qkv {tuple(qkv.shape)} and cache {tuple(k.shape)} do not fit C = {C}")
+    if allowed.shape != (b, W, C + W) or allowed.dtype != torch.uint8 or cos.shape != (b * W, hd):
+        raise ValueError("attend: allowed must be uint8 (b, W, C + W) and cos, sin (b W, hd)")
+    if hd > 512 or hd % 2 or n_heads % n_kv:
+        raise ValueError(f"attend: head size {hd} (even, at most 512), {n_heads} heads over {n_kv}")
+    out = torch.empty(b, W, n_heads * hd)
+    rc = lib.mars_attend(qkv.data_ptr(), b, W, n_heads, n_kv, hd, cos.data_ptr(), sin.data_ptr(), k.data_ptr(),
+                         v.data_ptr(), k.shape[2], C, allowed.data_ptr(), out.data_ptr())
+    if rc != 0:
+        raise MemoryError("the C attention could not allocate its scratch")
+    return out
+
+
+class _LinC(ctypes.Structure):
+    _fields_ = [("w", ctypes.c_void_p), ("wsum", ctypes.c_void_p), ("m", ctypes.c_int64), ("kp", ctypes.c_int64),
+                ("sw", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("lw", ctypes.c_void_p)]
+
+
+class _LayerC(ctypes.Structure):
+    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("eps1", ctypes.c_float), ("eps2", ctypes.c_float),
+                ("qkv", _LinC), ("o", _LinC), ("gu", _LinC), ("down", _LinC)]
+
+
+def _lin(M) -> _LinC | None:
+    """The C view of an Int8Linear, or None where the layer loop cannot run it."""
+    if getattr(M, "_lib", None) is None or not hasattr(M, "wblocked"):
+        return None
+    if M.lora is not None and M.lora_c is None:
+        return None  # deltas kept as float tensor ops (not exactly float16): the Python path adds them
+    lw = None if M.lora_c is None else ctypes.addressof(M.lora_c.c)
+    return _LinC(M.wblocked.data_ptr(), M.wsum.data_ptr(), M.out_features, M.kp, M.scale32.data_ptr(),
+                 None if M.bias32 is None else M.bias32.data_ptr(), lw)
+
+
+class CLayers:
+    """The layer structs of one FastLM (they point into its tensors, which the FastLM keeps alive)."""
+
+    max_rows = MAX_C_ROWS  # passes of up to this many rows run `layers`; longer ones layer by layer
+
+    def __init__(self, lm, lib, structs, keep):
+        self.lm, self.lib, self.structs, self._keep = lm, lib, structs, keep
+        L0 = lm.layers[0]
+        self.D = L0.qkv.in_features
+        self.I = L0.down.in_features
+
+    @classmethod
+    def of(cls, lm) -> "CLayers | None":
+        lib = kernels()
+        if lib is None or lm.dtype != torch.float32 or lm.embed.device.type != "cpu":
+            return None
+        if lm.head_dim > 512 or lm.head_dim % 2 or lm.n_heads % lm.n_kv:
+            return None  # mars_attend's limits (its rotary's buffer, whole query groups)
+        structs = (_LayerC * len(lm.layers))()
+        keep = []  # tensors the structs point into
+        for s, L in zip(structs, lm.layers):
+            lins = [_lin(M) for M in (L.qkv, L.o, L.gate_up, L.down)]
+            if any(v is None for v in lins):
+                return None
+            ln1, ln2 = L.ln1.float().contiguous(), L.ln2.float().contiguous()
+            keep += [ln1, ln2]
+            s.ln1, s.ln2 = ln1.data_ptr(), ln2.data_ptr()
+            s.eps1, s.eps2 = L.eps1, L.eps2
+            s.qkv, s.o, s.gu, s.down = lins
+        return cls(lm, lib, structs, keep)
+
+    def attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layer: int, C: int,
+               allowed: torch.Tensor) -> torch.Tensor:
+        """One layer's attention on the cache's layer `layer` (see `attend`)."""
+        lm = self.lm
+        return attend(self.lib, qkv, cos, sin, cache.k[layer], cache.v[layer], C, allowed, lm.n_heads, lm.n_kv)
+
+    def layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, C: int, allowed: torch.Tensor,
+               rows: torch.Tensor | None) -> torch.Tensor:
+        """Every layer on x (b, W, D) contiguous float32, in place (b W <= MAX_C_ROWS); rows: the gated rows
+        (int64) or None. Returns x."""
+        lm = self.lm
+        b, W = x.shape[:2]
+        ng = 0 if rows is None else rows.numel()
+        if not (x.is_contiguous() and cache.k.is_contiguous() and cache.v.is_contiguous()):
+            raise ValueError("the C layer loop takes contiguous tensors")
+        if b * W > MAX_C_ROWS or ng > MAX_C_ROWS:
+            raise ValueError(f"the C layer loop takes at most {MAX_C_ROWS} rows, got {b * W}")
+        rc = self.lib.mars_layers(self.structs, len(self.structs), x.data_ptr(), b, W, self.D, self.I, lm.n_heads,
+                                  lm.n_kv, lm.head_dim, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, C,
+                                  cos.data_ptr(), sin.data_ptr(), allowed.data_ptr(),
+                                  None if rows is None else rows.data_ptr(), ng, int(self.lib.amx))
+        if rc != 0:
+            raise MemoryError("the C layer loop could not allocate its buffers")
+        return x
