@@ -9,6 +9,7 @@ comes from this.
 
     python scripts/verified_blocks.py --limit 20 --max-new-tokens 48 --rounds 2            # B 2, 3, 4, int8
     python scripts/verified_blocks.py --limit 3 --max-new-tokens 64 --blocks 2 4 --taus 0 0.2
+    python scripts/verified_blocks.py --limit 20 --blocks 2 4 --tree-nodes 0 4 6 8   # chains and draft trees
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def main():
     ap.add_argument("--taus", type=float, nargs="+", default=[0.0])
     ap.add_argument("--drafts", default="both", choices=["mars", "lookup", "both"])
     ap.add_argument("--backend", default="fast-int8")
+    ap.add_argument("--tree-nodes", type=int, nargs="+", default=[0],
+                    help="0: the chain; N > 0: a draft tree of N nodes (mars.core.tree), each at every B and tau")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -43,8 +46,10 @@ def main():
     configs = {"ar": DecodeConfig(mode="ar", tau=1.0, block_size=1, **base)}
     for B in args.blocks:
         for tau in args.taus:
-            configs[f"verified B {B} tau {tau:g}"] = DecodeConfig(
-                mode="verified", tau=tau, block_size=B, drafts=args.drafts, verify_groups="last", **base)
+            for n in args.tree_nodes:
+                name = f"verified B {B} tau {tau:g}" + (f" tree {n}" if n else "")
+                configs[name] = DecodeConfig(mode="verified", tau=tau, block_size=B, drafts=args.drafts,
+                                             verify_groups="last", tree_nodes=n, **base)
     generate_ids(lm, [ids[0]], configs["ar"])  # warm-up
     tot = {k: collections.Counter() for k in configs}
     sent = {k: collections.Counter() for k in configs}
@@ -61,10 +66,10 @@ def main():
     ar = tot["ar"]["tokens"] / tot["ar"]["seconds"]
     print(f"{len(ids)} prompts x {args.rounds} round(s), {args.max_new_tokens} new tokens, {args.backend}, "
           f"{args.threads} threads (inputs per pass include the prompt's pass)")
-    print(f"{'setting':<24} {'tok/pass':>8} {'inputs':>7} {'ms/pass':>8} {'tok/s':>7} {'vs AR':>6}  drafts sent: passes | accepted: passes")
+    print(f"{'setting':<31} {'tok/pass':>8} {'inputs':>7} {'ms/pass':>8} {'tok/s':>7} {'vs AR':>6}  drafts sent: passes | accepted: passes")
     for name, t in tot.items():
         speed = t["tokens"] / t["seconds"]
-        print(f"{name:<24} {t['tokens'] / t['passes']:8.3f} {t['inputs'] / t['passes']:7.2f} "
+        print(f"{name:<31} {t['tokens'] / t['passes']:8.3f} {t['inputs'] / t['passes']:7.2f} "
               f"{1000 * t['seconds'] / t['passes']:8.1f} {speed:7.1f} {speed / ar:5.2f}x  "
               f"{dict(sorted(sent[name].items()))} | {dict(sorted(accepted[name].items()))}")
 
