@@ -111,7 +111,8 @@ class CLayers:
         lm = self.lm
         b, W = x.shape[:2]
         ng = 0 if rows is None else rows.numel()
-        if not (x.is_contiguous() and cache.k.is_contiguous() and cache.v.is_contiguous()):
+        if not (x.is_contiguous() and cache.k.is_contiguous() and cache.v.is_contiguous() and cos.is_contiguous()
+                and sin.is_contiguous() and allowed.is_contiguous()):
             raise ValueError("the C layer loop takes contiguous tensors")
         if b * W > MAX_C_ROWS or ng > MAX_C_ROWS:
             raise ValueError(f"the C layer loop takes at most {MAX_C_ROWS} rows, got {b * W}")

@@ -331,13 +331,13 @@ class FastLM:
 
             self.c_layers = CLayers.of(self)
 
-    def _c_forward(self, x: torch.Tensor, positions, allowed, g, cache: KVCache, C: int) -> torch.Tensor:
+    def _c_forward(self, x: torch.Tensor, cos, sin, allowed, g, cache: KVCache, C: int) -> torch.Tensor:
         """The layers in C (mars.core.cpu_layers), x updated in place: a pass of up to MAX_C_ROWS rows in one
-        call, a longer one (a prompt) layer by layer with the matrices from Python and the attention in C."""
+        call, a longer one (a prompt) layer by layer with the matrices from Python and the attention in C.
+        cos, sin: the pass's rotary rows from _rope (b, W, 1, hd)."""
         b, W, _ = x.shape
         n = b * W
-        cos = self._cos[positions].reshape(n, -1)  # the table was grown by _rope
-        sin = self._sin[positions].reshape(n, -1)
+        cos, sin = cos.reshape(n, -1), sin.reshape(n, -1)  # views: _rope's gathers are contiguous
         al = allowed.contiguous().view(torch.uint8)
         rows = None if g is None else g.rows
         most = self.c_layers.max_rows
@@ -398,7 +398,7 @@ class FastLM:
             g = Gate(is_mask, self.dtype) if bool(is_mask.any()) else None
         x = F.embedding(ids, self.embed)  # (b, W, D)
         if self.c_layers is not None:
-            self._c_forward(x, positions, allowed, g, cache, C)
+            self._c_forward(x, cos, sin, allowed, g, cache, C)
         else:
             for i, L in enumerate(self.layers):
                 qkv = L.qkv.normed(x, L.ln1, L.eps1, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
