@@ -45,6 +45,14 @@ SOURCE = r"""
 #include <immintrin.h>
 #endif
 
+/* Weights stream from memory once per pass, and one core only keeps a few misses in flight: while it
+   computes (the rescale, more rows, the adapter's delta) its stream stalls. Asking for the bytes PF_AHEAD
+   ahead keeps them coming (measured on the default model, int8, 2 threads: a pass of 4 inputs 1.32x a
+   1-input pass -> 1.16x, the 1-input pass itself ~3% faster; 4 and 16 KB did no better than 8). Prefetches
+   change no result. */
+#define PF_AHEAD 8192
+#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+
 /* One row at ~16 bits as two uint8 rows, bit for bit as mars.core.quant.quantize_rows2: u = x * (127 / amax(|x|)),
    q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
    in the default mode: half to even, as torch.round. */
@@ -365,6 +373,8 @@ static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const 
        would leave its ports idle; 8 keep them busy (measured: a 5-wide pass's products 1.6x -> 1.4x a 1-wide) */
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int64_t t = 0; t < T; t += 2) {  /* T = kp / 4 is a multiple of 16 */
+        PREFETCH(wb + t * OB * 4 + PF_AHEAD);
+        PREFETCH(wb + t * OB * 4 + PF_AHEAD + 64);
         const __m512i w = _mm512_loadu_si512((const void *)(wb + t * OB * 4));
         const __m512i u = _mm512_loadu_si512((const void *)(wb + (t + 1) * OB * 4));
         int32_t v, z;
@@ -384,6 +394,7 @@ static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const 
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t t = 0; t < T; t++) {
+        if (!(t & 1)) PREFETCH(wb + t * OB * 4 + PF_AHEAD);
         const __m256i w = _mm256_loadu_si256((const __m256i *)(wb + t * OB * 4));
         int32_t v;
 #define STEP(A, R) memcpy(&v, x + (R) * kp + 4 * t, 4); \
@@ -467,6 +478,7 @@ void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *
             _tile_zero(0);
             if (hi) _tile_zero(3);
             for (int64_t kc = 0; kc < kp; kc += 64) {
+                for (int l = 0; l < 16; l++) PREFETCH(wb + kc * OB + PF_AHEAD + 64 * l);  /* into the next block's */
                 _tile_loadd(2, wb + kc * OB, 64);  /* t-rows kc/4 .. kc/4 + 15: 16 x 64 bytes */
                 _tile_loadd(1, x + kc, kp);
                 _tile_dpbusd(0, 1, 2);
