@@ -27,13 +27,14 @@ import gradio as gr
 
 from mars.app import viz
 from mars.app.policy import Policy, PolicyError
+from mars.app.model_thread import in_own_thread
 from mars.app.serving import ModelHolder, load_other, public_name, vet_switch
 from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
     DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, backend_label, chart_every_s,
-    check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit, mode_block,
+    check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit, mode_block, text_every_s,
 )
 from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
 
@@ -92,6 +93,7 @@ class MarsApp:
         self.policy = policy or Policy.from_env()  # who may switch the model, what may load (mars.app.policy)
         self.demo = None  # the Blocks, once built: its real bind address, once launched, decides `live_policy`
         self.chart_every_s = chart_every_s()  # charts redrawn at most this often while a run streams
+        self.text_every_s = text_every_s()  # the text and stats sent at most this often (the first pass at once)
         self.ui = SimpleNamespace()  # the components, by name, once build() has made them
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -125,13 +127,18 @@ class MarsApp:
     def _stream_run(self, session: Session, which: str, runs, output, state: str, note):
         """The one streaming loop: after every pass, that run's groups and the stats; charts at most every
         `self.chart_every_s`, and at the end. `which` is the session slot ("mars" or "ar") the run goes to."""
-        last_chart = time.perf_counter()
+        last_chart = last_text = time.perf_counter()
+        first = True
         for run in runs:
             setattr(session, which, run)
+            now = time.perf_counter()
+            if not (first or run.finished or now - last_text >= self.text_every_s):
+                continue  # the next update shows this pass's group too
+            first, last_text = False, now
             upd = {output: self._groups(run), self.ui.stats: self._stats(session, state, note(run))}
-            if run.finished or time.perf_counter() - last_chart > self.chart_every_s:
+            if run.finished or now - last_chart > self.chart_every_s:
                 upd.update(self._charts(session))
-                last_chart = time.perf_counter()
+                last_chart = now
             yield upd
 
     def _write_files(self, session: Session, lm) -> tuple[str, str]:
@@ -353,7 +360,7 @@ class MarsApp:
                 gr.update(visible=mode == "closed"))
 
     def load_model(self, model, adapter, token=None):
-        lm, message = load_other(model, adapter, self.live_policy(), token)
+        lm, message = in_own_thread(load_other, model, adapter, self.live_policy(), token)  # see model_thread
         if lm is not None:
             try:
                 self.holder.replace(lm)  # one short pass first: a model that cannot run never replaces one that can

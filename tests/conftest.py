@@ -72,7 +72,9 @@ def ui(lm):
     """The app's logic around `lm`, without a server."""
     import app as app_module
 
-    return app_module.create_demo(lambda: lm).mars_app
+    ui = app_module.create_demo(lambda: lm).mars_app
+    ui.text_every_s = 0.0  # one update per pass, as the tests count them (the default sends ~20 a second)
+    return ui
 
 
 @pytest.fixture(scope="session")

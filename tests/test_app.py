@@ -73,7 +73,8 @@ def greedy(lm, prompt, mode, tau=0.9, max_new=40):
     return generate_ids(lm, [ids], DecodeConfig(mode=mode, tau=tau, max_new_tokens=max_new, backend=app_backend()))[0]
 
 
-def test_generation_streams_one_update_per_pass(ui, lm):
+def test_generation_streams_one_update_per_pass(ui, lm, monkeypatch):
+    monkeypatch.setattr(ui, "text_every_s", 0.0)
     session = Session()
     counts = [len(groups(u[ui.ui.output])) for u in run(ui, session) if ui.ui.output in u]
     passes = session.mars.passes
@@ -84,7 +85,21 @@ def test_generation_streams_one_update_per_pass(ui, lm):
     assert session.mars.token_ids == expected.token_ids and session.mars.text == expected.text
 
 
+def test_text_updates_follow_the_text_interval_first_and_last_pass_at_once(ui, lm, monkeypatch):
+    """Passes faster than a page can draw are sent together: with an interval nothing else reaches, the page gets
+    the first pass's group at once and then the whole run at its end, each pass still its own group."""
+    monkeypatch.setattr(ui, "text_every_s", float("inf"))
+    session = Session()
+    updates = [u for u in run(ui, session) if ui.ui.output in u]
+    passes = session.mars.passes
+    assert passes > 3
+    assert [len(groups(u[ui.ui.output])) for u in updates] == [0, 1, passes]
+    assert ui.ui.stats in updates[1] and ui.ui.stats in updates[2]
+    assert session.mars.token_ids == greedy(lm, PROMPT, "mars").token_ids
+
+
 def test_charts_follow_the_chart_interval_and_the_text_every_pass(ui, monkeypatch):
+    monkeypatch.setattr(ui, "text_every_s", 0.0)
     charts = ui.ui.chart_race
     monkeypatch.setattr(ui, "chart_every_s", 0.0)
     every = [charts in u for u in run(ui, Session()) if ui.ui.output in u][1:]
@@ -93,6 +108,19 @@ def test_charts_follow_the_chart_interval_and_the_text_every_pass(ui, monkeypatc
     updates = [u for u in run(ui, Session()) if ui.ui.output in u][1:]
     assert [charts in u for u in updates[:-1]] == [False] * (len(updates) - 1)  # inf: the text only...
     assert charts in updates[-1]  # ...until the run ends
+
+
+def test_text_interval_comes_from_mars_text_every_s(monkeypatch):
+    from mars.app.inputs import text_every_s
+
+    monkeypatch.delenv("MARS_TEXT_EVERY_S", raising=False)
+    assert text_every_s() == 0.05
+    monkeypatch.setenv("MARS_TEXT_EVERY_S", "0")
+    assert text_every_s() == 0.0
+    for bad in ("-0.1", "nan", "often"):
+        monkeypatch.setenv("MARS_TEXT_EVERY_S", bad)
+        with pytest.raises(ValueError, match="MARS_TEXT_EVERY_S"):
+            text_every_s()
 
 
 def test_chart_interval_comes_from_mars_chart_every_s(monkeypatch):

@@ -617,29 +617,63 @@ def test_the_app_runs_int8_by_default_and_says_so(lm, monkeypatch):
         make_config("mars", 0.9, 4, 8)
 
 
-def test_the_pass_lock_serves_visitors_in_the_order_they_asked():
-    """A thread that releases the pass lock and asks again at once must not win it over one already waiting (a
-    plain Lock let one visitor's whole run go first); with three waiting, each gets it in turn."""
-    lock = serving.FairLock()
-    order, started = [], []
+def test_the_model_thread_serves_visitors_in_the_order_they_asked():
+    """Passes are queued first come, first served: a visitor who asks again at once must not win over one
+    already waiting (a plain lock let one visitor's whole run go first); two visitors' passes alternate."""
+    from mars.app.model_thread import ModelThread
+
+    mt = ModelThread()
+    order, gate = [], threading.Event()
+    busy = threading.Thread(target=mt.call, args=(gate.wait,))  # a pass in flight: both visitors queue behind it
+    busy.start()
 
     def visitor(name, passes):
-        started.append(name)
         for _ in range(passes):
-            with lock:
-                order.append(name)
-                time.sleep(0.002)  # a pass
+            mt.call(lambda: (order.append(name), time.sleep(0.002)))
 
-    lock.acquire()  # a pass in flight: both visitors queue behind it, A first
     threads = []
     for name in "AB":
         threads.append(threading.Thread(target=visitor, args=(name, 20)))
         threads[-1].start()
-        while lock._next < len(threads) + 1:  # this visitor holds its ticket before the next one starts
+        while mt._queue.qsize() < len(threads):  # this visitor's first pass is queued before the next one starts
             time.sleep(0.001)
-    lock.release()
-    for t in threads:
+    gate.set()
+    for t in threads + [busy]:
         t.join(timeout=30)
-    assert order == ["A", "B"] * 20  # strictly alternating: neither ever re-won the lock while the other waited
-    with lock:  # and it is free again (usable as a context manager, as sweep.py and the batch tab use it)
-        pass
+    assert order == ["A", "B"] * 20  # strictly alternating: neither ever went twice while the other waited
+
+
+def test_every_pass_runs_on_the_one_model_thread_whichever_worker_asks():
+    """OpenMP keeps a team per thread that opens parallel regions; two such threads on two cores made every
+    pass ~3.5x dearer (mars.app.model_thread). So the holder runs each pass on its one model thread: two
+    worker threads' runs, the warm-up and a call made from the model thread itself all run there, and an
+    error in a pass reaches the worker that asked, leaving the thread serving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ran_on, real = [], serving.stream
+
+    def spy(*args, **kwargs):
+        for rec in real(*args, **kwargs):
+            ran_on.append(threading.get_ident())
+            yield rec
+
+    lm = make_loaded()
+    holder = serving.ModelHolder(lambda: lm, threads=1)
+    ids = encode_prompt(lm.tokenizer, PROMPT)
+    cfg = DecodeConfig(mode="mars", tau=0.5, max_new_tokens=6)
+    serving.stream, saved = spy, serving.stream
+    try:
+        holder.get()  # the warm-up's passes
+        with ThreadPoolExecutor(2) as pool:
+            runs = [pool.submit(lambda: list(holder.passes(lm, ids, cfg, serving.DecodeControl()))) for _ in range(2)]
+            workers = [pool.submit(threading.get_ident) for _ in range(4)]
+            assert all(r.result() for r in runs)
+        model = holder.pass_slot.thread.ident
+        assert model is not None and set(ran_on) == {model}
+        assert model not in {w.result() for w in workers} | {threading.get_ident()}
+        assert holder.pass_slot.run(lambda: holder.pass_slot.run(threading.get_ident)) == model  # no deadlock
+        with pytest.raises(ValueError, match="mask token"):
+            list(holder.passes(make_loaded(mask=False), ids, cfg, serving.DecodeControl()))
+        assert holder.pass_slot.run(threading.get_ident) == model  # still serving, on the same thread
+    finally:
+        serving.stream = saved

@@ -118,7 +118,7 @@ class BatchState:
 
 def _timed_steps(lm, prompt_ids: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None,
                  lock) -> Iterator[tuple[list[PassRecord], float]]:
-    """decode_steps, one pass at a time under `lock` (the app's per-pass model lock), with each pass's
+    """decode_steps, one pass at a time through `lock` (the app's pass slot, or a lock), with each pass's
     measured wall time (the core's own timing when a record carries it)."""
     for records, took in one_at_a_time(decode_steps(lm, prompt_ids, cfg, control), lock):
         yield records, (records[0].seconds if records else took)

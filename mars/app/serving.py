@@ -1,14 +1,13 @@
 """The one model every visitor shares: loaded at start-up in the background, warmed up, run one pass at a time.
 
-Why a pass lock and not a run lock: concurrent visitors interleave pass by pass, each pass's measured time
-is its own, and a visitor who leaves mid-run never holds the model.
+Why one pass at a time and not one run: concurrent visitors interleave pass by pass, each pass's measured
+time is its own, and a visitor who leaves mid-run never holds the model.
 
-Why the thread count is set before every pass, in the thread that runs it: Gradio runs each step of a
-handler in a worker thread of its pool, and PyTorch's OpenMP thread count is per thread: a worker that ran
-any torch op before `torch.set_num_threads` keeps the count it started with (checked in
-tests/test_app_robust.py). Multi-row MARS passes need every core the machine has (AR passes, which stream
-the weights, gain nothing from a second thread): a MARS pass on one thread costs ~1.7 AR passes and MARS
-loses the race it exists to show.
+Where the passes run: on one thread (mars.app.model_thread), whichever Gradio worker thread asked for them.
+OpenMP keeps a team of threads per thread that opens parallel regions; two such threads on two cores make
+every later pass ~3.5x dearer (the measurement is in model_thread's docstring). The torch thread count is set
+on that thread, as OpenMP's count is per thread. Multi-row MARS passes need every core the machine has: a
+MARS pass on one thread costs ~1.7 AR passes and MARS loses the race it exists to show.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Callable, Iterator
 import torch
 
 from mars.app.inputs import app_backend, sanitize_text
+from mars.app.model_thread import ModelThread, in_own_thread
 from mars.core.decoding import DecodeConfig, DecodeControl, stream
 from mars.core.records import PassRecord
 
@@ -67,53 +67,20 @@ def default_provider() -> Callable[[], object]:
     return provide
 
 
-class FairLock:
-    """A lock handed out in the order it was asked for (a ticket lock). The pass lock must be fair: with a plain
-    Lock a visitor's thread that releases it after a pass and asks again at once can win it again and again
-    while another visitor waits (seen in scripts/race.py: one visitor's whole run went first, and the other's
-    first group waited 2.8-7.7 s). With tickets, two visitors' passes alternate."""
-
-    def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._next = 0  # the next ticket to hand out
-        self._serving = 0  # the ticket that holds the lock
-
-    def acquire(self):
-        with self._cond:
-            ticket = self._next
-            self._next += 1
-            while self._serving != ticket:
-                self._cond.wait()
-
-    def release(self):
-        with self._cond:
-            self._serving += 1
-            self._cond.notify_all()
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-        return False
-
-
 class PassSlot:
-    """One forward pass at a time, on the holder's thread count: the pass lock, and the calling worker
-    thread's own OpenMP setting (set here because a worker thread keeps the count it started with)."""
+    """Where every forward pass of the app runs: `run(fn, *args)` calls fn on the holder's model thread, one
+    call at a time in the order asked for, on the holder's torch thread count."""
 
     def __init__(self, holder):
         self.holder = holder
+        self.thread = ModelThread(setup=self._threads)
 
-    def __enter__(self):
-        self.holder.pass_lock.acquire()
+    def _threads(self):
         if torch.get_num_threads() != self.holder.threads:
             torch.set_num_threads(self.holder.threads)
 
-    def __exit__(self, *exc):
-        self.holder.pass_lock.release()
-        return False
+    def run(self, fn, *args, **kwargs):
+        return self.thread.call(fn, *args, **kwargs)
 
 
 class ModelHolder:
@@ -127,9 +94,8 @@ class ModelHolder:
         self._error: str | None = None
         self._load_lock = threading.Lock()
         self._loader: threading.Thread | None = None
-        self.pass_lock = FairLock()  # one pass at a time, in the order visitors asked
         self.threads = threads or pass_threads()
-        self.pass_slot = PassSlot(self)  # `with holder.pass_slot:` around every forward pass, whatever runs it
+        self.pass_slot = PassSlot(self)  # every forward pass runs through it: `holder.pass_slot.run(fn, ...)`
 
     def start(self) -> None:
         """Load and warm up in a background thread now, so the first visitor does not wait for it."""
@@ -152,7 +118,7 @@ class ModelHolder:
                 if self._lm is None:
                     if self._error is None:
                         try:
-                            self._lm = self.warm_up(self._provider())
+                            self._lm = self.warm_up(in_own_thread(self._provider))
                         except LoadError as e:
                             self._error = str(e)
                         except Exception as e:  # whatever a provider raises, the app stays up and says it
@@ -199,17 +165,24 @@ class ModelHolder:
 
 
 def one_at_a_time(steps: Iterator, slot) -> Iterator[tuple[object, float]]:
-    """Advance a decoder generator one forward pass at a time inside `slot` (a PassSlot, a lock, or None),
-    so that a visitor who stops consuming never holds the model; yields (item, seconds inside the slot)."""
-    slot = slot if slot is not None else contextlib.nullcontext()
+    """Advance a decoder generator one forward pass at a time: on `slot`'s model thread (a PassSlot), inside
+    `slot` (a lock), or here (None); so that a visitor who stops consuming never holds the model. Yields
+    (item, seconds the pass took, queueing excluded)."""
     while True:
-        with slot:
-            t0 = time.perf_counter()
-            item = next(steps, None)
-            took = time.perf_counter() - t0
+        if hasattr(slot, "run"):
+            item, took = slot.run(_timed_next, steps)
+        else:
+            with slot if slot is not None else contextlib.nullcontext():
+                item, took = _timed_next(steps)
         if item is None:
             return
         yield item, took
+
+
+def _timed_next(steps: Iterator) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    item = next(steps, None)
+    return item, time.perf_counter() - t0
 
 
 def hub_reachable() -> bool:

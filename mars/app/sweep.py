@@ -38,8 +38,7 @@ def sweep(holder, lm, prompt_ids: list[int], base: DecodeConfig, taus: list[floa
         r = run(replace(base, mode="mars", tau=tau))
         if control.cancelled or not r.tokens:
             return
-        with holder.pass_lock:
-            nll = mean_nll(lm, prompt_ids, r.token_ids)
+        nll = holder.pass_slot.run(mean_nll, lm, prompt_ids, r.token_ids)  # a forward pass: on the model thread
         rows.append({"tau": tau, "passes": r.passes, "tokens": r.tokens, "tokens_per_pass": r.tokens_per_pass,
                      "seconds": r.decode_seconds, "agreement": prefix_agreement(reference, r.token_ids), "nll": nll})
         yield list(rows)

@@ -1,11 +1,11 @@
 """Two self-contained pieces of the app's UI, each built by one call inside an open `gr.Blocks`/`gr.Tab`:
 
-- `build_batch_tab(get_lm, pass_lock)`: the Batch tab (the paper's Figure 4, live);
+- `build_batch_tab(get_lm, pass_slot)`: the Batch tab (the paper's Figure 4, live);
 - `build_model_list(install, guard, token)`: the paper's published checkpoints in the Model tab, and the
   Model tab's texts for a public server (`model_tab_help`, `paper_links_markdown`).
 
 They take callables instead of reaching into the app: `get_lm()` returns the shared model (raising
-`gr.Error` when it cannot), `pass_lock` is held around every forward pass (the app's ModelHolder.pass_lock),
+`gr.Error` when it cannot), `pass_slot` runs every forward pass (ModelHolder.pass_slot: the model thread),
 `install(lm)` makes a loaded model the one everybody uses (e.g. ModelHolder.replace). The logic lives in
 `mars.app.batch` / `mars.models.hub`, the drawing in `mars.app.batch_viz`; this file only wires components.
 """
@@ -25,6 +25,7 @@ import gradio as gr
 
 from mars.app import batch_viz, viz
 from mars.app.batch import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
+from mars.app.model_thread import in_own_thread
 from mars.core.decoding import DecodeControl
 from mars.models.hub import DEFAULT_CHOICE, PAPER_CHECKPOINTS, SOURCE, load_checkpoint, model_choices
 
@@ -82,7 +83,7 @@ def summary_line(state) -> str:
             f"cache block {state.settings['cache_block']}.")
 
 
-def make_batch_runner(get_lm: Callable[[], object], pass_lock=None, check_prompt: Callable | None = None,
+def make_batch_runner(get_lm: Callable[[], object], pass_slot=None, check_prompt: Callable | None = None,
                       make_config: Callable | None = None, encode: Callable | None = None):
     """The Batch tab's run handler: a generator of (rows, timeline, comparison, html file, json file)."""
     if check_prompt is None or make_config is None or encode is None:
@@ -107,13 +108,13 @@ def make_batch_runner(get_lm: Callable[[], object], pass_lock=None, check_prompt
         skip = gr.update()
         last_chart, state, comp = 0.0, None, None
         try:
-            for state in run_batch(lm, prompts, ids, cfg, control, pass_lock):
+            for state in run_batch(lm, prompts, ids, cfg, control, pass_slot):
                 chart = skip
                 if state.done or time.perf_counter() - last_chart > CHART_EVERY_S:
                     chart, last_chart = batch_viz.make_batch_timeline_figure(state, axis), time.perf_counter()
                 yield batch_viz.render_batch_html(state), chart, batch_viz.render_comparison_html(None), skip, skip
             if not control.cancelled:
-                for comp in measure_comparison(lm, state, cfg, control, pass_lock):
+                for comp in measure_comparison(lm, state, cfg, control, pass_slot):
                     yield skip, skip, batch_viz.render_comparison_html(comp), skip, skip
         except GeneratorExit:  # the visitor left: no pass starts for nobody
             control.cancel()
@@ -130,7 +131,7 @@ def make_batch_runner(get_lm: Callable[[], object], pass_lock=None, check_prompt
     return run
 
 
-def build_batch_tab(get_lm: Callable[[], object], pass_lock=None, concurrency_limit: int | str | None = "default",
+def build_batch_tab(get_lm: Callable[[], object], pass_slot=None, concurrency_limit: int | str | None = "default",
                     runner: Callable | None = None) -> SimpleNamespace:
     """The Batch tab's components and events; call inside `with gr.Tab("Batch"):`. Returns the components.
     Runs share the concurrency id "model" with the app's other model events (pass the app's limit).
@@ -169,7 +170,7 @@ def build_batch_tab(get_lm: Callable[[], object], pass_lock=None, concurrency_li
         c.download_json = gr.DownloadButton("Download batch trace (JSON)", interactive=False,
                                             elem_id="batch-download-json", size="sm")
     c.session = session
-    c.runner = runner or make_batch_runner(get_lm, pass_lock)
+    c.runner = runner or make_batch_runner(get_lm, pass_slot)
     inputs = [c.prompts, c.tau, c.block, c.max_new, c.cache_block, c.axis, session]
     outputs = [c.output, c.chart, c.compare, c.download_html, c.download_json]
     c.event = c.run.click(c.runner, inputs, outputs, concurrency_id="model", concurrency_limit=concurrency_limit,
@@ -188,7 +189,7 @@ def make_model_loader(install: Callable[[object], object], guard: Callable | Non
             hub_id, refusal = guard(hub_id, token)
             if hub_id is None:
                 return f'<div class="mars-banner">{viz.esc(refusal)}</div>'
-        lm, message = load_checkpoint(hub_id, lambda fraction, text: progress(fraction, desc=text))
+        lm, message = in_own_thread(load_checkpoint, hub_id, lambda fraction, text: progress(fraction, desc=text))
         if lm is not None:
             try:
                 install(lm)
