@@ -33,8 +33,9 @@ from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
-    DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, backend_label, chart_every_s,
-    check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit, mode_block, text_every_s,
+    DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, app_tree_nodes, backend_label,
+    chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit,
+    mode_block, text_every_s,
 )
 from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
 
@@ -493,7 +494,8 @@ class MarsApp:
                 ui.mode = gr.Radio(list(MODE_LABELS), value=DEFAULT_MODE_LABEL, label="decoding",
                                   elem_id="mode",
                                   info=VERIFIED_INFO)
-                ui.tree_nodes = gr.Slider(0, MAX_TREE_NODES_APP, value=0, step=1, elem_id="tree-nodes",
+                ui.tree_nodes = gr.Slider(0, MAX_TREE_NODES_APP, value=app_tree_nodes(), step=1,
+                                          elem_id="tree-nodes",
                                           label="tree nodes (verified: candidates checked per pass; 0 = one chain)")
                 with gr.Row():
                     ui.confidence = gr.Dropdown(["prob", "entropy", "margin"], value="prob",

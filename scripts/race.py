@@ -222,7 +222,8 @@ def handler_race(demo, prompt: str, max_new: int) -> dict:
     ma = demo.mars_app
     session = Session()
     block = mode_block(MODE_LABELS[ma.ui.mode.value], ma.holder.get())  # as the page sets its slider
-    for _ in ma.generate(prompt, ma.ui.tau.value, block, max_new, "prob", True, ma.ui.mode.value, session):
+    for _ in ma.generate(prompt, ma.ui.tau.value, block, max_new, "prob", True, ma.ui.mode.value, session,
+                         ma.ui.tree_nodes.value):
         pass
     m, a = session.mars, session.ar
     return {"mars_tokens": m.tokens, "mars_passes": m.passes, "mars_s": m.decode_seconds,
@@ -238,13 +239,13 @@ def bench_race(lm, prompt: str, max_new: int, threads: int) -> dict:
     default on a CPU), so that app and bench run the same model and setting."""
     import torch
 
-    from mars.app.inputs import DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, make_config, mode_block
+    from mars.app.inputs import DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, app_tree_nodes, make_config, mode_block
     from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
     ids = encode_prompt(lm.tokenizer, prompt)
     mode = MODE_LABELS[DEFAULT_MODE_LABEL]
-    cfg = make_config(mode, MODE_TAU[mode], mode_block(mode, lm), max_new, top_k=0)
+    cfg = make_config(mode, MODE_TAU[mode], mode_block(mode, lm), max_new, top_k=0, tree_nodes=app_tree_nodes())
     m = generate_ids(lm, [ids], cfg)[0]
     a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new,
                                              backend=cfg.backend))[0]

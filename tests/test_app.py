@@ -414,3 +414,19 @@ def test_the_docker_image_build_step_runs_here():
     out = subprocess.run([sys.executable, "-c", step.group(1)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "model ready: smollm2 True" in out.stdout
+
+
+def test_the_tree_slider_starts_at_the_cpu_tree_on_a_cpu_and_at_the_chain_elsewhere(monkeypatch):
+    """Verified mode's fastest setting measured on two CPU cores is a 4-node tree with one mask group
+    (docs/tree.md); a GPU keeps the chain until trees are measured there."""
+    import mars.models.device as device
+    from mars.app.inputs import app_tree_nodes
+    from mars.core.tree import DEFAULT_TREE_NODES
+
+    monkeypatch.setenv("MARS_DEVICE", "cpu")
+    assert app_tree_nodes() == DEFAULT_TREE_NODES["cpu"] == 4
+    assert app_module.create_demo(lambda: None).mars_app.ui.tree_nodes.value == 4  # the page's slider
+    monkeypatch.setattr(device, "env_device", lambda: "cuda")
+    assert app_tree_nodes() == 0
+    monkeypatch.setattr(device, "env_device", lambda: (_ for _ in ()).throw(device.DeviceError("no GPU")))
+    assert app_tree_nodes() == 0  # a bad MARS_DEVICE is the model load's message, not the page's crash

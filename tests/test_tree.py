@@ -108,8 +108,8 @@ def ar_of(lm, ids, n):
 
 
 @pytest.mark.parametrize("arch,backend,nodes,groups,B", [
-    ("llama", "hf", 1, "all", 4), ("qwen2", "fast", 1, "last", 4), ("llama", "fast", 3, "last", 4),
-    ("qwen2", "hf", 8, "all", 3), ("llama", "fast", 16, "all", 4), ("qwen2", "fast", 16, "last", 4),
+    ("llama", "hf", 1, "all", 4), ("qwen2", "fast", 1, "last", 4), ("llama", "fast", 3, "last:3", 4),
+    ("qwen2", "hf", 8, "all", 3), ("llama", "fast", 16, "all", 4), ("qwen2", "fast", 16, "last:2", 4),
     ("llama", "hf", 64, "last", 2), ("qwen2", "hf", 64, "all", 4), ("llama", "fast", 64, "all", 4),
     # the GPU's fixed-shape path (mars.core.static), run on the CPU without graphs: a tree's width varies
     # pass by pass, so its buckets and padded columns are exercised too
@@ -118,8 +118,9 @@ def test_tree_reproduces_ar_greedy_alone_batched_and_uncached(tiny_lm, tiny_qwen
     lm = tiny_lm if arch == "llama" else tiny_qwen
     ids = [encode_prompt(lm.tokenizer, p) for p in PROMPTS + REPEAT_PROMPTS[:1]]
     ar = ar_of(lm, ids, 40)
+    groups, _, tree_groups = groups.partition(":")  # "last:3": groups on the 3 likeliest ends (default 1)
     kw = dict(mode="verified", tree_nodes=nodes, verify_groups=groups, drafts="both", block_size=B, tau=0.0,
-              max_new_tokens=40, backend=backend)
+              max_new_tokens=40, backend=backend, tree_groups=int(tree_groups or 1))
     alone = [generate_ids(lm, [p], DecodeConfig(**kw, cache_block=8))[0] for p in ids]
     assert [r.token_ids for r in alone] == ar
     assert [r.token_ids for r in generate_ids(lm, ids, DecodeConfig(**kw, cache_block=5))] == ar
@@ -129,6 +130,39 @@ def test_tree_reproduces_ar_greedy_alone_batched_and_uncached(tiny_lm, tiny_qwen
             assert s.drafts_sent <= nodes and all(t in c for t, c in zip(s.tree_path, s.tree_depths))
             if not s.finish_reason:  # the path, then the model's own token (an EOS or a limit may cut it)
                 assert s.tree_path == s.token_ids[:-1]
+
+
+@pytest.mark.parametrize("tree_groups", [1, 2, 3])
+def test_tree_groups_set_how_many_mask_groups_a_pass_carries(tiny_lm, tree_groups):
+    """verify_groups "last" puts DecodeConfig.tree_groups mask groups (of B-1 masks) on the tree's likeliest
+    ends, so a pass feeds its real tokens, the N nodes and that many groups; "all" one per node and the root."""
+    from mars.core.modes import make_mode
+
+    ids = encode_prompt(tiny_lm.tokenizer, PROMPTS[0])
+    B, nodes = 3, 4
+    kw = dict(mode="verified", tree_nodes=nodes, drafts="both", block_size=B, tau=0.0, max_new_tokens=24)
+    cfg = DecodeConfig(**kw, verify_groups="last", tree_groups=tree_groups)
+    mode = make_mode(cfg)
+    seen = []
+    real_plan = type(mode).plan
+
+    def plan(self, row, cfg, tau):
+        out = real_plan(self, row, cfg, tau)
+        seen.append((len(out.to_verify), out.groups))
+        return out
+
+    type(mode).plan = plan
+    try:
+        run = generate_ids(tiny_lm, [ids], cfg)[0]
+    finally:
+        type(mode).plan = real_plan
+    assert run.token_ids == ar_of(tiny_lm, [ids], 24)[0]
+    full = [(n, g) for n, g in seen if n == nodes]  # passes with a whole tree (the first has no candidates yet)
+    assert full and all(len(g) == tree_groups and all(k == B - 1 for _, k in g) for _, g in full)
+    wide = [s.input_len for s in run.steps[1:] if s.drafts_sent == nodes]
+    assert 1 + nodes + tree_groups * (B - 1) in wide  # the last token, the tree, the groups' masks
+    with pytest.raises(ValueError, match="tree groups"):
+        DecodeConfig(**kw, tree_groups=0)
 
 
 @pytest.mark.parametrize("cache_block", [3, 8])

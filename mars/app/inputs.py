@@ -46,6 +46,20 @@ def mode_block(mode: str, lm=None) -> int:
     return trained
 
 
+def app_tree_nodes() -> int:
+    """The tree-nodes slider's starting value. On a CPU (MARS_DEVICE resolved): the CPU's tree,
+    mars.core.tree.DEFAULT_TREE_NODES["cpu"] (4 nodes, with DecodeConfig.tree_groups' one mask group: 1.10-1.13x
+    int8 AR against the chain's 1.06x on 10 held-out prompts, docs/tree.md). On a GPU 0, the chain: trees are
+    not measured there yet. The API's verified endpoint keeps the chain."""
+    from mars.core.tree import DEFAULT_TREE_NODES
+    from mars.models.device import DeviceError, env_device
+
+    try:
+        return DEFAULT_TREE_NODES["cpu"] if env_device() == "cpu" else 0
+    except DeviceError:  # the model load says what is wrong with MARS_DEVICE; the page still builds
+        return 0
+
+
 def max_new_tokens_limit() -> int:
     return int(os.environ.get("MARS_MAX_NEW_TOKENS", "512"))
 

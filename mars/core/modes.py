@@ -199,7 +199,7 @@ def make_mode(cfg, lm=None):
     if cfg.mode == "verified" and cfg.tree_nodes:
         from mars.core.tree import TreeMode  # imports this module
 
-        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts)
+        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, cfg.tree_groups)
     if cfg.mode == "verified":
         return VerifiedMode(cfg.verify_groups, temps, cfg.drafts)
     return MODES[cfg.mode]()

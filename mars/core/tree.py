@@ -19,8 +19,9 @@ Medusa and EAGLE-2 do, with the mask positions as the draft heads (no extra para
               Every accepted token is the model's greedy choice after the accepted text: AR's text exactly.
   groups      a mask group after a node proposes the next pass's drafts if the path ends there; groups sit
               on every node (verify_groups "all") or on the few nodes likeliest to end the path ("last",
-              `LAST_GROUPS`). A path that ends elsewhere takes its drafts from its nearest ancestor's group,
-              whose later masks still point at the right positions (farther ahead: weaker drafts).
+              DecodeConfig.tree_groups of them). A path that ends elsewhere takes its drafts from its nearest
+              ancestor's group, whose later masks still point at the right positions (farther ahead: weaker
+              drafts).
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from mars.core.masks import tree_depths
 from mars.core.modes import Outcome, RowPlan
 
 # The node budget N by device. CPU: measured (2 threads, int8, 20 held-out prompts x 96 tokens, groups on the
-# 3 likeliest ends as the app runs it): N = 4, 8, 16, 32, 64 gave 0.98x, 0.94x, 0.90x, 0.71x, 0.53x core AR on
-# the clock at 1.95-2.34 tokens/pass: every input costs time there, so the smallest tree is the fastest. GPU: NOT
-# measured yet; a wider pass costs almost nothing there, so more nodes only add accepted tokens (N = 32: ~2.3).
+# 3 likeliest ends): N = 4, 8, 16, 32, 64 gave 0.98x, 0.94x, 0.90x, 0.71x, 0.53x core AR on the clock at
+# 1.95-2.34 tokens/pass: every input costs time there, so a small tree is the fastest; with the weights
+# prefetched and one group (10 prompts x 64 tokens, B 2): N = 2, 3, 4, 6, 8 gave 1.11x, 1.12x, 1.10-1.13x,
+# 1.11x, 1.07x (docs/tree.md). GPU: NOT measured yet; a wider pass costs almost nothing there, so more nodes
+# only add accepted tokens (N = 32: ~2.3).
 DEFAULT_TREE_NODES = {"cpu": 4, "cuda": 32}
 MAX_BRANCH = 16  # candidates kept per depth between passes: top-8 already holds 84% of depth 1 (FINDINGS)
-LAST_GROUPS = 3  # verify_groups "last": mask groups on the nodes likeliest to end the path (root included)
 
 
 def default_tree_nodes(device_type: str) -> int:
@@ -222,9 +224,10 @@ class TreeMode:
 
     name = "verified"
 
-    def __init__(self, nodes: int, groups: str = "last", temperatures=None, drafts: str = "mars"):
+    def __init__(self, nodes: int, groups: str = "last", temperatures=None, drafts: str = "mars",
+                 last_groups: int = 1):
         self.nodes = nodes  # the node budget N
-        self.groups = None if groups == "all" else LAST_GROUPS  # see the module docstring
+        self.groups = None if groups == "all" else last_groups  # see the module docstring (DecodeConfig.tree_groups)
         self.temperatures = temperatures
         self.drafts = drafts  # "mars": mask candidates; "lookup": copies only; "both": both, as branches
         self.dists: dict[int, Dists] = {}  # row index -> next pass's candidates per depth
