@@ -10,6 +10,7 @@ comes from this.
     python scripts/verified_blocks.py --limit 20 --max-new-tokens 48 --rounds 2            # B 2, 3, 4, int8
     python scripts/verified_blocks.py --limit 3 --max-new-tokens 64 --blocks 2 4 --taus 0 0.2
     python scripts/verified_blocks.py --limit 20 --blocks 2 4 --tree-nodes 0 4 6 8   # chains and draft trees
+    python scripts/verified_blocks.py --limit 10 --max-new-tokens 64 --blocks 2 --tree-nodes 0 2 3 4 --tree-groups 1 2 3
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main():
     ap.add_argument("--backend", default="fast-int8")
     ap.add_argument("--tree-nodes", type=int, nargs="+", default=[0],
                     help="0: the chain; N > 0: a draft tree of N nodes (mars.core.tree), each at every B and tau")
+    ap.add_argument("--tree-groups", type=int, nargs="+", default=[1],
+                    help="mask groups a tree carries (DecodeConfig.tree_groups), each at every tree size")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -47,9 +50,11 @@ def main():
     for B in args.blocks:
         for tau in args.taus:
             for n in args.tree_nodes:
-                name = f"verified B {B} tau {tau:g}" + (f" tree {n}" if n else "")
-                configs[name] = DecodeConfig(mode="verified", tau=tau, block_size=B, drafts=args.drafts,
-                                             verify_groups="last", tree_nodes=n, **base)
+                for g in (args.tree_groups if n else [1]):
+                    tree = f" tree {n}" + (f" g {g}" if g != 1 else "") if n else ""
+                    name = f"verified B {B} tau {tau:g}{tree}"
+                    configs[name] = DecodeConfig(mode="verified", tau=tau, block_size=B, drafts=args.drafts,
+                                                 verify_groups="last", tree_nodes=n, tree_groups=g, **base)
     generate_ids(lm, [ids[0]], configs["ar"])  # warm-up
     tot = {k: collections.Counter() for k in configs}
     sent = {k: collections.Counter() for k in configs}
