@@ -73,7 +73,7 @@ def ui(lm):
     import app as app_module
 
     ui = app_module.create_demo(lambda: lm).mars_app
-    ui.text_every_s = 0.0  # one update per pass, as the tests count them (the default sends ~20 a second)
+    ui.text_every_s = 0.0  # one update per pass, as the tests count them (the default sends ~10 a second)
     return ui
 
 

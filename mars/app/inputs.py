@@ -72,13 +72,13 @@ def chart_every_s() -> float:
 
 
 def text_every_s() -> float:
-    """Seconds between updates of the text and the stats while a run streams (MARS_TEXT_EVERY_S, default 0.05;
+    """Seconds between updates of the text and the stats while a run streams (MARS_TEXT_EVERY_S, default 0.1;
     0 = after every pass): the first pass and the last are sent at once, and each update holds every pass's
-    group so far, each coloured as its own. A pass takes 6-10 ms on two cores, and every update costs the
-    server's worker and the browser time of their own (measured: a headless Chromium drawing every pass of a
-    race spent ~60% of a core, on the two cores the passes need), while 20 updates a second already read as
-    a stream."""
-    return _seconds("MARS_TEXT_EVERY_S", 0.05)
+    group so far, each coloured as its own. A pass takes 6-15 ms on two cores, and every update costs the
+    server and the browser time of their own. Measured with a headless Chromium on the server's two cores
+    (scripts/race.py): drawing every pass took ~60% of a core and MARS passes ran at 26-29 ms (10 ms alone);
+    every 0.05 s 20-30 ms, every 0.1 s 15-16 ms. 10 updates a second still read as a stream."""
+    return _seconds("MARS_TEXT_EVERY_S", 0.1)
 
 
 def _seconds(name: str, default: float) -> float:
