@@ -1,0 +1,112 @@
+"""The int8 C kernels of two commits, side by side in one process, on the real pass of the default model.
+
+Builds mars.core.cpu_kernels' C source as it is at each git revision (plus optional -D flags), loads each
+library, and times the default model's int8 pass (the C layer loop and the LM head) with each in turn, width
+by width and round by round, so that a change in the machine's load falls on all. Inputs after the first are
+the mask token (the gated adapter's rows), or real tokens with `--bare`. Prints the median ms per pass and its
+ratio to the first variant's 1-input pass.
+
+    PYTHONPATH=. python scripts/kernel_ab.py HEAD~1 HEAD                  # did the last commit make a pass cheaper?
+    PYTHONPATH=. python scripts/kernel_ab.py HEAD HEAD:-DSOME_FLAG --bare  # a compile-time variant
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def source_at(rev: str) -> str:
+    """cpu_kernels.SOURCE (with the layer loop's) as of git revision `rev`."""
+    def show(path):
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    layers = types.ModuleType("layers_c_at")
+    exec(compile(show("mars/core/layers_c.py"), "layers_c_at", "exec"), layers.__dict__)
+    text = show("mars/core/cpu_kernels.py").replace("from mars.core.layers_c import SOURCE as LAYERS_SOURCE",
+                                                    "LAYERS_SOURCE = _LAYERS")
+    mod = types.ModuleType("cpu_kernels_at")
+    mod.__dict__["_LAYERS"] = layers.SOURCE
+    exec(compile(text, "cpu_kernels_at", "exec"), mod.__dict__)
+    return mod.SOURCE
+
+
+def build(variant: str, folder: Path, i: int):
+    """'REV' or 'REV:-DFLAG -DOTHER' -> the loaded library."""
+    import mars.core.cpu_kernels as ck
+
+    rev, _, flags = variant.partition(":")
+    saved = ck.SOURCE
+    ck.SOURCE = source_at(rev)
+    try:
+        base = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *ck._arch_flags(), "-fopenmp"]
+        so, why = ck._compile("cc", base + flags.split(), folder / f"v{i}.so")
+    finally:
+        ck.SOURCE = saved
+    if so is None:
+        raise SystemExit(f"{variant}: {why}")
+    return so
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variants", nargs="+", help="git revisions, each optionally with :<compiler flags>")
+    ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 6])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bare", action="store_true", help="real tokens only: no gated adapter rows")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from mars.core.backends import FastBackend
+    from mars.models.loading import load
+
+    folder = Path(tempfile.mkdtemp(prefix="kernel-ab-"))
+    libs = {v: build(v, folder, i) for i, v in enumerate(args.variants)}
+    lm = load(None, adapter="none" if args.bare else "auto")
+    be = FastBackend(lm.model, 1, args.prompt_len + max(args.widths) + 1, torch.int8)
+    if be.lm.c_layers is None:
+        raise SystemExit("the C layer loop does not run here (no C compiler, or MARS_C_LAYERS=0)")
+    P = args.prompt_len
+    g = torch.Generator().manual_seed(0)
+    be.forward(torch.randint(100, 49152, (1, P), generator=g), torch.arange(P)[None],
+               torch.tril(torch.ones(P, P, dtype=torch.bool))[None], [P - 1])
+    times = {(v, W): [] for v in libs for W in args.widths}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for W in args.widths:
+            ids = torch.randint(100, 49152, (1, W), generator=g)
+            if not args.bare:
+                ids[0, 1:] = lm.mask_token_id
+            pos = torch.arange(P, P + W)[None]
+            allowed = torch.ones(1, W, P + W, dtype=torch.bool)
+            allowed[0, :, P:] = torch.tril(torch.ones(W, W, dtype=torch.bool))
+            for v in (args.variants if r % 2 else args.variants[::-1]):  # alternate who goes first
+                be.lm.c_layers.lib = be.lm.head._lib = libs[v]
+                t0 = time.perf_counter()
+                be.forward(ids, pos, allowed, list(range(W)))
+                dt = time.perf_counter() - t0
+                be.truncate(P)
+                if r:
+                    times[(v, W)].append(dt)
+    base = statistics.median(times[(args.variants[0], args.widths[0])])
+    print(f"ms per pass (median of {args.rounds}), {'bare' if args.bare else 'inputs after the first are masks'}, "
+          f"{args.threads} threads, {P} cached tokens; ratio to the first variant's W={args.widths[0]}")
+    for v in args.variants:
+        cells = [f"W{W} {1e3 * statistics.median(times[(v, W)]):5.2f} ({statistics.median(times[(v, W)]) / base:.2f})"
+                 for W in args.widths]
+        print(f"{v:<28}" + "  ".join(cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
