@@ -159,7 +159,8 @@ class ModelHolder:
         return lm
 
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:
-        """`decoding.stream`, one forward pass at a time under the pass lock, on `self.threads` threads."""
+        """`decoding.stream`, one forward pass at a time on the model thread (`pass_slot`), on `self.threads`
+        threads."""
         for rec, _ in one_at_a_time(stream(lm, prompt_ids, cfg, control), self.pass_slot):
             yield rec
 
