@@ -333,8 +333,11 @@ class FastLM:
 
     def _c_forward(self, x: torch.Tensor, cos, sin, allowed, g, cache: KVCache, C: int) -> torch.Tensor:
         """The layers in C (mars.core.cpu_layers), x updated in place: a pass of up to MAX_C_ROWS rows in one
-        call, a longer one (a prompt) layer by layer with the matrices from Python and the attention in C.
-        cos, sin: the pass's rotary rows from _rope (b, W, 1, hd)."""
+        call; a longer one whose mask lets it (a prompt) in pieces of up to MAX_C_ROWS rows, one call each, in
+        order (each row's result does not depend on what else is in its pass, so its bits are those of the
+        whole-pass loop; a 35-token prompt 44 -> 32 ms, 20 tokens 36 -> 21 ms, default model, 2 threads); else
+        layer by layer with the matrices from Python and the attention in C. cos, sin: the pass's rotary rows
+        from _rope (b, W, 1, hd)."""
         b, W, _ = x.shape
         n = b * W
         cos, sin = cos.reshape(n, -1), sin.reshape(n, -1)  # views: _rope's gathers are contiguous
@@ -343,6 +346,17 @@ class FastLM:
         most = self.c_layers.max_rows
         if n <= most and (rows is None or rows.numel() <= most):
             return self.c_layers.layers(x, cos, sin, cache, C, al, rows)
+        spans = _causal_spans(al, C, most // b if b <= most else 0)
+        if spans:  # a prompt: the C loop a few columns at a time, as each row's result does not depend on its pass
+            cs, sn = cos.view(b, W, -1), sin.view(b, W, -1)
+            for i0, i1 in spans:
+                part = x[:, i0:i1].contiguous()
+                w = b * (i1 - i0)
+                c, s = cs[:, i0:i1].reshape(w, -1).contiguous(), sn[:, i0:i1].reshape(w, -1).contiguous()
+                self.c_layers.layers(part, c, s, cache, C + i0, al[:, i0:i1, :C + i1].contiguous(),
+                                     _rows_in(rows, W, i0, i1))
+                x[:, i0:i1] = part
+            return x
         for i, L in enumerate(self.layers):
             qkv = L.qkv.normed(x, L.ln1, L.eps1, g).contiguous()
             att = self.c_layers.attend(qkv, cos, sin, cache, i, C, al)
@@ -414,6 +428,30 @@ class FastLM:
                 x = L.down.add_silu_to(x, L.gate_up.normed(x, L.ln2, L.eps2, g), g)
         cache.length = C + W
         return self.head.normed(x[:, keep], self.norm, self.norm_eps)  # (b, K, V): only the rows asked for
+
+
+def _causal_spans(allowed: torch.Tensor, C: int, width: int) -> list[tuple[int, int]] | None:
+    """Window columns [i0, i1) in pieces of `width`, where no row of a piece sees a later piece's keys (a
+    prompt's causal mask): each piece can then run as a pass of its own after the pieces before it, its keys
+    written to the cache first. None where the window cannot be split so (or width < 1)."""
+    W = allowed.shape[1]
+    if width < 1 or W <= width:
+        return None
+    spans = [(i0, min(i0 + width, W)) for i0 in range(0, W, width)]
+    if any(bool(allowed[:, i0:i1, C + i1:].any()) for i0, i1 in spans[:-1]):
+        return None
+    return spans
+
+
+def _rows_in(rows: torch.Tensor | None, W: int, i0: int, i1: int) -> torch.Tensor | None:
+    """The gated rows (flat indices b * W + i) that fall in columns [i0, i1), as indices into that piece."""
+    if rows is None:
+        return None
+    bi, i = rows // W, rows % W
+    inside = (i >= i0) & (i < i1)
+    if not bool(inside.any()):
+        return None
+    return (bi[inside] * (i1 - i0) + i[inside] - i0).contiguous()
 
 
 _BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
