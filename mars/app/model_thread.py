@@ -10,7 +10,8 @@ run passes too, for as long as both threads lived. Here every pass runs on this 
 keeps one team.
 
 Passes run one at a time in the order they were asked for (a FIFO queue): two visitors' passes alternate,
-and a visitor who stops asking never holds the model.
+and a visitor who stops asking never holds the model. `shared()` is the process's one such thread: every
+ModelHolder (an app, a test's) runs on it, as the teams are the process's.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ class ModelThread:
     result or raises its exception in the caller. The thread starts on the first call and lives as long as the
     process (a daemon: it never keeps the process from exiting)."""
 
-    def __init__(self, name: str = "mars-model", setup: Callable[[], None] | None = None):
+    def __init__(self, name: str = "mars-model"):
         self.name = name
-        self._setup = setup  # run on the thread before each call (the holder's torch thread count)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -42,7 +42,7 @@ class ModelThread:
 
     def call(self, fn: Callable[..., T], *args, **kwargs) -> T:
         if threading.current_thread() is self._thread:  # already on it (a call made by a call): run it now
-            return self._run(fn, args, kwargs)
+            return fn(*args, **kwargs)
         self._ensure_started()
         done: Future = Future()
         self._queue.put((done, fn, args, kwargs))
@@ -54,20 +54,27 @@ class ModelThread:
                 self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
                 self._thread.start()
 
-    def _run(self, fn, args, kwargs):
-        if self._setup is not None:
-            self._setup()
-        return fn(*args, **kwargs)
-
     def _serve(self):
         while True:
             done, fn, args, kwargs = self._queue.get()
             if not done.set_running_or_notify_cancel():
                 continue
             try:
-                done.set_result(self._run(fn, args, kwargs))
+                done.set_result(fn(*args, **kwargs))
             except BaseException as e:  # noqa: BLE001 - the caller re-raises it; this thread serves on
                 done.set_exception(e)
+
+
+_SHARED: list[ModelThread] = []
+_SHARED_LOCK = threading.Lock()
+
+
+def shared() -> ModelThread:
+    """The process's model thread (created on first use)."""
+    with _SHARED_LOCK:
+        if not _SHARED:
+            _SHARED.append(ModelThread())
+        return _SHARED[0]
 
 
 def in_own_thread(fn: Callable[..., T], *args, **kwargs) -> T:

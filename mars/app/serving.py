@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 import torch
 
 from mars.app.inputs import app_backend, sanitize_text
-from mars.app.model_thread import ModelThread, in_own_thread
+from mars.app import model_thread
+from mars.app.model_thread import in_own_thread
 from mars.core.decoding import DecodeConfig, DecodeControl, stream
 from mars.core.records import PassRecord
 
@@ -73,14 +74,15 @@ class PassSlot:
 
     def __init__(self, holder):
         self.holder = holder
-        self.thread = ModelThread(setup=self._threads)
-
-    def _threads(self):
-        if torch.get_num_threads() != self.holder.threads:
-            torch.set_num_threads(self.holder.threads)
+        self.thread = model_thread.shared()
 
     def run(self, fn, *args, **kwargs):
-        return self.thread.call(fn, *args, **kwargs)
+        return self.thread.call(self._on_threads, fn, args, kwargs)
+
+    def _on_threads(self, fn, args, kwargs):
+        if torch.get_num_threads() != self.holder.threads:
+            torch.set_num_threads(self.holder.threads)
+        return fn(*args, **kwargs)
 
 
 class ModelHolder:
