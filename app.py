@@ -125,11 +125,11 @@ class MarsApp:
     def _stats(self, session: Session, state: str, note: str = "") -> str:
         return viz.render_stats_html(viz.live_stats(session.mars, session.ar, state, session.tau, note))
 
-    def _stream_run(self, session: Session, which: str, runs, output, state: str, note, charts_at_end=True):
+    def _stream_run(self, session: Session, which: str, runs, output, state: str, note):
         """The one streaming loop: that run's groups and the stats at most every `self.text_every_s` (the first
-        and last pass at once); charts at most every `self.chart_every_s`, and at the end unless the caller
-        draws them next (`charts_at_end` False: MARS's end, with the AR run to come, so that drawing them does
-        not fall on AR's first passes). `which` is the session slot ("mars" or "ar") the run goes to."""
+        and last pass at once); charts at most every `self.chart_every_s` while it runs. Not at its end:
+        `generate`'s last update draws them once both runs are in (drawn at MARS's end, they fell on AR's first
+        passes). `which` is the session slot ("mars" or "ar") the run goes to."""
         last_chart = last_text = time.perf_counter()
         first = True
         for run in runs:
@@ -139,7 +139,7 @@ class MarsApp:
                 continue  # the next update shows this pass's group too
             first, last_text = False, now
             upd = {output: self._groups(run), self.ui.stats: self._stats(session, state, note(run))}
-            if (run.finished and charts_at_end) or now - last_chart > self.chart_every_s:
+            if not run.finished and now - last_chart > self.chart_every_s:
                 upd.update(self._charts(session))
                 last_chart = now
             yield upd
@@ -251,7 +251,7 @@ class MarsApp:
         note = "; ".join(filter(None, [flags, "then the AR baseline runs on the same prompt" if compare else ""]))
         try:
             yield from self._stream_run(session, "mars", run_stream(self.holder, lm, prompt, ids, cfg, control),
-                                        ui.output, "running", lambda t: note, charts_at_end=not compare)
+                                        ui.output, "running", lambda t: note)
             if compare and not control.cancelled:
                 yield from self._stream_run(
                     session, "ar", run_stream(self.holder, lm, prompt, ids, ar_cfg, control), ui.output_ar,

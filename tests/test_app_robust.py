@@ -623,9 +623,11 @@ def test_the_model_thread_serves_visitors_in_the_order_they_asked():
     from mars.app.model_thread import ModelThread
 
     mt = ModelThread()
-    order, gate = [], threading.Event()
-    busy = threading.Thread(target=mt.call, args=(gate.wait,))  # a pass in flight: both visitors queue behind it
+    order, gate, running = [], threading.Event(), threading.Event()
+    # a pass in flight (taken off the queue): both visitors queue behind it
+    busy = threading.Thread(target=mt.call, args=(lambda: (running.set(), gate.wait()),))
     busy.start()
+    assert running.wait(30)
 
     def visitor(name, passes):
         for _ in range(passes):

@@ -118,9 +118,9 @@ def test_tree_reproduces_ar_greedy_alone_batched_and_uncached(tiny_lm, tiny_qwen
     lm = tiny_lm if arch == "llama" else tiny_qwen
     ids = [encode_prompt(lm.tokenizer, p) for p in PROMPTS + REPEAT_PROMPTS[:1]]
     ar = ar_of(lm, ids, 40)
-    groups, _, tree_groups = groups.partition(":")  # "last:3": groups on the 3 likeliest ends (default 1)
+    groups, _, tree_groups = groups.partition(":")  # "last:3": groups on the 3 likeliest ends (default: by device)
     kw = dict(mode="verified", tree_nodes=nodes, verify_groups=groups, drafts="both", block_size=B, tau=0.0,
-              max_new_tokens=40, backend=backend, tree_groups=int(tree_groups or 1))
+              max_new_tokens=40, backend=backend, tree_groups=int(tree_groups) if tree_groups else None)
     alone = [generate_ids(lm, [p], DecodeConfig(**kw, cache_block=8))[0] for p in ids]
     assert [r.token_ids for r in alone] == ar
     assert [r.token_ids for r in generate_ids(lm, ids, DecodeConfig(**kw, cache_block=5))] == ar
@@ -159,6 +159,12 @@ def test_tree_groups_set_how_many_mask_groups_a_pass_carries(tiny_lm, tree_group
     assert run.token_ids == ar_of(tiny_lm, [ids], 24)[0]
     full = [(n, g) for n, g in seen if n == nodes]  # passes with a whole tree (the first has no candidates yet)
     assert full and all(len(g) == tree_groups and all(k == B - 1 for _, k in g) for _, g in full)
+    if tree_groups == 1:  # the default on a CPU model: None picks it by device (a GPU keeps 3)
+        from mars.core.tree import default_tree_groups
+
+        default = DecodeConfig(**kw, verify_groups="last")
+        assert default.tree_groups is None and make_mode(default, tiny_lm).groups == 1
+        assert default_tree_groups("cuda") == 3 and default_tree_groups("mps") == 1
     wide = [s.input_len for s in run.steps[1:] if s.drafts_sent == nodes]
     assert 1 + nodes + tree_groups * (B - 1) in wide  # the last token, the tree, the groups' masks
     with pytest.raises(ValueError, match="tree groups"):

@@ -16,6 +16,7 @@ ModelHolder (an app, a test's) runs on it, as the teams are the process's.
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from concurrent.futures import Future
@@ -63,6 +64,7 @@ class ModelThread:
                 done.set_result(fn(*args, **kwargs))
             except BaseException as e:  # noqa: BLE001 - the caller re-raises it; this thread serves on
                 done.set_exception(e)
+            del done, fn, args, kwargs  # a departed visitor's decoder (its cache) is not kept until the next call
 
 
 _SHARED: list[ModelThread] = []
@@ -80,8 +82,10 @@ def shared() -> ModelThread:
 def in_own_thread(fn: Callable[..., T], *args, **kwargs) -> T:
     """fn(*args) on a new thread that ends with it; its result, or its exception raised here. For model loads:
     the OpenMP team that a load's torch ops open ends with that thread, instead of living on in a Gradio worker
-    beside the model thread's (and a long download does not hold the visitors' passes up)."""
+    beside the model thread's (and a long download does not hold the visitors' passes up). It runs in a copy of
+    the caller's context: Gradio's progress bar finds its event through context variables."""
     box: dict = {}
+    context = contextvars.copy_context()
 
     def target():
         try:
@@ -89,7 +93,7 @@ def in_own_thread(fn: Callable[..., T], *args, **kwargs) -> T:
         except BaseException as e:  # noqa: BLE001 - raised again in the caller
             box["error"] = e
 
-    t = threading.Thread(target=target, name="mars-load", daemon=True)
+    t = threading.Thread(target=context.run, args=(target,), name="mars-load", daemon=True)
     t.start()
     t.join()
     if "error" in box:

@@ -64,7 +64,6 @@ MAX_CACHE_BLOCK = 4096
 MAX_NEW_TOKENS = 100_000
 MAX_TOP_K = 100
 MAX_TREE_NODES = 256  # draft tokens per pass in a tree (each may bring a mask group: the input grows fast)
-DEFAULT_TREE_GROUPS = 1  # a tree's mask groups with verify_groups "last" (DecodeConfig.tree_groups)
 DEFAULT_REPEAT_TAU = 1.0  # the repeat guard: on, a repeated draft waits for the next pass (docs/stutter.md: lower NLL at equal tokens/pass)
 
 
@@ -93,9 +92,9 @@ class DecodeConfig:
     # verified mode: check a tree of up to this many draft tokens per pass (mars.core.tree); 0 = one chain
     tree_nodes: int = 0
     # a tree with verify_groups "last": mask groups on this many nodes, the likeliest to end the accepted path
-    # (mars.core.tree.group_anchors). 1 on two CPU cores (tree 4 at B 2: 1.13x int8 AR with 1 group, 1.09x with
-    # 2, 1.07x with 3: each group is a gated input; docs/tree.md)
-    tree_groups: int = DEFAULT_TREE_GROUPS
+    # (mars.core.tree.group_anchors); None: by the model's device (tree.DEFAULT_TREE_GROUPS: 1 on a CPU, where
+    # each group is a gated input that costs time, docs/int8.md; 3 elsewhere, as measured before)
+    tree_groups: int | None = None
     # what runs the model (mars/core/backends.py): "auto" = "fast" (mars/core/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
@@ -124,7 +123,8 @@ class DecodeConfig:
         self.verify_groups = check_choice("verify groups", self.verify_groups, VERIFY_GROUPS)
         self.drafts = check_choice("drafts", self.drafts, DRAFT_SOURCES)
         self.tree_nodes = check_int("tree nodes", 0 if self.tree_nodes is None else self.tree_nodes, 0, MAX_TREE_NODES)
-        self.tree_groups = check_int("tree groups", self.tree_groups, 1, MAX_TREE_NODES + 1)
+        if self.tree_groups is not None:
+            self.tree_groups = check_int("tree groups", self.tree_groups, 1, MAX_TREE_NODES + 1)
         if self.tree_nodes and self.mode != "verified":
             raise ValueError("tree nodes need mode 'verified' (the AR check that picks the path)")
         if self.drafts != "mars" and self.mode != "verified":

@@ -197,9 +197,13 @@ def make_mode(cfg, lm=None):
     if cfg.mode == "mars":
         return MarsMode(temps)
     if cfg.mode == "verified" and cfg.tree_nodes:
-        from mars.core.tree import TreeMode  # imports this module
+        from mars.core.tree import TreeMode, default_tree_groups  # imports this module
 
-        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, cfg.tree_groups)
+        groups = cfg.tree_groups
+        if groups is None:
+            model = getattr(lm, "model", None)
+            groups = default_tree_groups(model.device.type if hasattr(model, "device") else "cpu")
+        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, groups)
     if cfg.mode == "verified":
         return VerifiedMode(cfg.verify_groups, temps, cfg.drafts)
     return MODES[cfg.mode]()
