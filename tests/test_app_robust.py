@@ -679,3 +679,17 @@ def test_every_pass_runs_on_the_one_model_thread_whichever_worker_asks():
         assert holder.pass_slot.run(threading.get_ident) == model  # still serving, on the same thread
     finally:
         serving.stream = saved
+
+
+def test_a_load_in_its_own_thread_sees_the_callers_context_and_raises_its_errors():
+    """Model loads run on a thread that ends with them (their OpenMP team with it), in a copy of the caller's
+    context: Gradio's progress bar finds its event through context variables."""
+    import contextvars
+    from mars.app.model_thread import in_own_thread
+
+    var = contextvars.ContextVar("event", default=None)
+    var.set("event-1")
+    seen = in_own_thread(lambda: (var.get(), threading.current_thread().name))
+    assert seen == ("event-1", "mars-load")
+    with pytest.raises(LoadError, match="nope"):
+        in_own_thread(lambda: (_ for _ in ()).throw(LoadError("nope")))
