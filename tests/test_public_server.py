@@ -288,7 +288,9 @@ def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(m
               f"('busy'), {len(served)} served, {len(errors)} errors, {out['seconds']:.1f} s")
         assert out["alive"] == 0 and errors == []
         assert len(refused) + len(served) == clients
-        assert len(served) >= queue_size + 2 and refused  # the queue and the running slots, then refusals
+        # the queue and a running slot, then refusals: the burst can fill the queue before the second of the two
+        # running slots has taken its event (seen once in CI: 5 served with a queue of 4), so one is all it may hold
+        assert len(served) >= queue_size + 1 and refused
         assert all(r.startswith("Queue is full.") for r in refused)
         for i, text in served.items():  # every served client gets exactly its own solo output
             prompt, tau = out["prompts"][i]
