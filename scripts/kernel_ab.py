@@ -49,8 +49,7 @@ def build(variant: str, folder: Path, i: int):
     saved = ck.SOURCE
     ck.SOURCE = source_at(rev)
     try:
-        base = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *ck._arch_flags(), "-fopenmp"]
-        so, why = ck._compile("cc", base + flags.split(), folder / f"v{i}.so")
+        so, why = ck._compile("cc", ck.compile_flags() + ["-fopenmp"] + flags.split(), folder / f"v{i}.so")
     finally:
         ck.SOURCE = saved
     if so is None:

@@ -24,7 +24,6 @@ import torch
 
 from mars.app.inputs import app_backend, sanitize_text
 from mars.app import model_thread
-from mars.app.model_thread import in_own_thread
 from mars.core.decoding import DecodeConfig, DecodeControl, stream
 from mars.core.records import PassRecord
 
@@ -120,7 +119,7 @@ class ModelHolder:
                 if self._lm is None:
                     if self._error is None:
                         try:
-                            self._lm = self.warm_up(in_own_thread(self._provider))
+                            self._lm = self.warm_up(model_thread.in_own_thread(self._provider))
                         except LoadError as e:
                             self._error = str(e)
                         except Exception as e:  # whatever a provider raises, the app stays up and says it

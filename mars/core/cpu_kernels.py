@@ -644,11 +644,16 @@ def _cpu_key() -> str:
     return " ".join(sorted(cpu_flags() or ()))
 
 
+def compile_flags() -> list[str]:
+    """The compiler flags the kernels are built with, OpenMP aside (scripts/kernel_ab.py builds with them too)."""
+    return ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *_arch_flags()]
+
+
 def _build() -> tuple[ctypes.CDLL | None, str]:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None, "no C compiler (cc/gcc) on PATH"
-    base = ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *_arch_flags()]
+    base = compile_flags()
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
