@@ -44,6 +44,33 @@ SOURCE = r"""
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+/* Stage timers, compiled in only with -DMARS_STAGES (scripts/kernel_ab.py --stages): seconds spent in each
+   step of the layer loop, summed over layers and calls, read and reset by mars_stages. */
+#if defined(MARS_STAGES)
+#include <time.h>
+static double stage_s[13];
+static inline double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+#define STAGE_START double t_stage = now_s();
+#define STAGE(i) { const double t_now = now_s(); stage_s[i] += t_now - t_stage; t_stage = t_now; }
+#define STAGE0(i) if (omp_get_thread_num() == 0) STAGE(i)  /* inside a parallel region: thread 0's time */
+int mars_stages(double *out) {
+    for (int i = 0; i < 13; i++) { out[i] = stage_s[i]; stage_s[i] = 0.0; }
+    return 13;
+}
+#else
+#define STAGE_START
+#define STAGE(i)
+#define STAGE0(i)
+int mars_stages(double *out) { (void)out; return 0; }
+#endif
 
 /* Weights stream from memory once per pass, and one core only keeps a few misses in flight: while it
    computes (the rescale, more rows, the adapter's delta) its stream stalls. Asking for the bytes PF_AHEAD
@@ -52,6 +79,58 @@ SOURCE = r"""
    change no result. */
 #define PF_AHEAD 8192
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Both products keep up to 4 rows by 4 vectors of outputs in registers; each output is its own sum of fmas in
+   a fixed order (c, or jj, ascending), so 16 lanes, 8 lanes or the scalar loop give the same bits. */
+#if defined(__AVX512F__)
+#define VL 16
+typedef __m512 vf;
+#define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VSET1 _mm512_set1_ps
+#define VFMA _mm512_fmadd_ps
+#define VZERO _mm512_setzero_ps
+#define VLOAD _mm512_loadu_ps
+#define VSTORE _mm512_storeu_ps
+#define VADD _mm512_add_ps
+#define VMAX _mm512_max_ps
+#define VEQ(a, b) ((int)_mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ))
+#define VMUL _mm512_mul_ps
+#define VSUB _mm512_sub_ps
+#define VDIV _mm512_div_ps
+#define VMIN _mm512_min_ps
+#define VABS _mm512_abs_ps
+#define VROUND(x) _mm512_roundscale_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* 16 floats holding whole numbers in [0, 255] -> 16 bytes at p */
+#define VSTORE_U8(p, x) _mm_storeu_si128((__m128i *)(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(x)))
+/* 2^n for 16 floats holding whole numbers n in [-126, 127] */
+#define VPOW2I(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#elif defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
+#define VL 8
+typedef __m256 vf;
+#define VLOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VSET1 _mm256_set1_ps
+#define VFMA _mm256_fmadd_ps
+#define VZERO _mm256_setzero_ps
+#define VLOAD _mm256_loadu_ps
+#define VSTORE _mm256_storeu_ps
+#define VADD _mm256_add_ps
+#define VMAX _mm256_max_ps
+#define VEQ(a, b) _mm256_movemask_ps(_mm256_cmp_ps((a), (b), _CMP_EQ_OQ))
+#define VMUL _mm256_mul_ps
+#define VSUB _mm256_sub_ps
+#define VDIV _mm256_div_ps
+#define VMIN _mm256_min_ps
+#define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), (x))
+#define VROUND(x) _mm256_round_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+static inline void vstore_u8(uint8_t *p, __m256 x) {  /* 8 whole numbers in [0, 255] -> 8 bytes */
+    const __m256i b = _mm256_shuffle_epi8(_mm256_cvttps_epi32(x), _mm256_set1_epi32(0x0c080400));
+    const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+    _mm_storel_epi64((__m128i *)p, _mm_unpacklo_epi32(lo, hi));
+}
+#define VSTORE_U8(p, x) vstore_u8((p), (x))
+#define VPOW2I(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#endif
 
 /* One row at ~16 bits as two uint8 rows, bit for bit as mars.core.quant.quantize_rows2: u = x * (127 / amax(|x|)),
    q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
@@ -61,6 +140,17 @@ static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *
        compiler vectorize the loop (a single running maximum is one dependent chain) */
     float lane[16] = {0};
     int64_t j = 0;
+#if defined(VL)
+    {
+        vf m0 = VZERO(), m1 = VZERO();  /* lanes 0..VL-1 and, with 8-wide vectors, VL..15 */
+        for (; j + 16 <= k; j += 16) {
+            m0 = VMAX(VABS(VLOAD(row + j)), m0);  /* = a > m ? a : m, lane by lane */
+            if (VL == 8) m1 = VMAX(VABS(VLOAD(row + j + VL)), m1);
+        }
+        VSTORE(lane, m0);
+        if (VL == 8) VSTORE(lane + VL, m1);
+    }
+#endif
     for (; j + 16 <= k; j += 16)
         for (int l = 0; l < 16; l++) {
             const float a = fabsf(row[j + l]);
@@ -78,7 +168,17 @@ static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *
         return FLT_MIN / 127.0f;
     }
     const float inv = (1.0f / amax) * 127.0f;  /* as torch's 127 / tensor: a reciprocal, then the product */
-    for (int64_t j = 0; j < k; j++) {
+    j = 0;
+#if defined(VL)
+    /* the same operations, VL values at a time (the compiler's own vectors here were 4 wide: ~1 us a row) */
+    const vf iv = VSET1(inv), off = VSET1(128.0f), steps = VSET1(254.0f);
+    for (; j + VL <= k; j += VL) {
+        const vf u = VMUL(VLOAD(row + j), iv), qf = VROUND(u);
+        VSTORE_U8(q + j, VADD(qf, off));
+        VSTORE_U8(r + j, VADD(VROUND(VMUL(VSUB(u, qf), steps)), off));
+    }
+#endif
+    for (; j < k; j++) {
         float u = row[j] * inv;
         float qf = nearbyintf(u);
         q[j] = (uint8_t)(int)(qf + 128.0f);
@@ -108,13 +208,38 @@ void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const
         const float *row = x + i * ldx;
         double part[8] = {0};
         int64_t j = 0;
+#if defined(__AVX512F__)
+        {  /* the same 8 partial sums, one per lane (a float's square is exact in double: no rounding to order) */
+            __m512d acc = _mm512_setzero_pd();
+            for (; j + 8 <= k; j += 8) {
+                const __m512d d = _mm512_cvtps_pd(_mm256_loadu_ps(row + j));
+                acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
+            }
+            _mm512_storeu_pd(part, acc);
+        }
+#elif defined(VL)
+        {
+            __m256d lo = _mm256_setzero_pd(), hi = lo;
+            for (; j + 8 <= k; j += 8) {
+                const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(row + j)), b = _mm256_cvtps_pd(_mm_loadu_ps(row + j + 4));
+                lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
+                hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
+            }
+            _mm256_storeu_pd(part, lo);
+            _mm256_storeu_pd(part + 4, hi);
+        }
+#endif
         for (; j + 8 <= k; j += 8)
             for (int l = 0; l < 8; l++) part[l] += (double)row[j + l] * row[j + l];
         for (; j < k; j++) part[0] += (double)row[j] * row[j];
         const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
         const float r = 1.0f / sqrtf((float)(ss / (double)k) + eps);
         float *hr = h + i * k;
-        for (int64_t j = 0; j < k; j++) hr[j] = row[j] * r * w[j];
+        j = 0;
+#if defined(VL)
+        for (const vf rv = VSET1(r); j + VL <= k; j += VL) VSTORE(hr + j, VMUL(VMUL(VLOAD(row + j), rv), VLOAD(w + j)));
+#endif
+        for (; j < k; j++) hr[j] = row[j] * r * w[j];
         sx[i] = quant_row(hr, k, out + i * ldo, out + (n + i) * ldo);
     }
 }
@@ -141,6 +266,24 @@ static inline float exp_poly(float x) {
     return p * scale;
 }
 
+#if defined(VL)
+/* exp_poly in VL lanes: the same operations in the same order, so the same bits (-g: 0 - g is -g exactly) */
+static inline vf vexp_poly(vf x) {
+    x = VMIN(VMAX(x, VSET1(-87.0f)), VSET1(88.0f));
+    const vf n = VROUND(VMUL(x, VSET1(1.44269504088896341f)));
+    vf r = VFMA(n, VSET1(-0.693359375f), x);
+    r = VFMA(n, VSET1(2.12194440e-4f), r);
+    vf p = VSET1(1.9875691500e-4f);
+    p = VFMA(p, r, VSET1(1.3981999507e-3f));
+    p = VFMA(p, r, VSET1(8.3334519073e-3f));
+    p = VFMA(p, r, VSET1(4.1665795894e-2f));
+    p = VFMA(p, r, VSET1(1.6666665459e-1f));
+    p = VFMA(p, r, VSET1(5.0000001201e-1f));
+    p = VADD(VFMA(VMUL(p, r), r, r), VSET1(1.0f));
+    return VMUL(p, VPOW2I(n));
+}
+#endif
+
 /* The MLP's activation then quantize: gu (n x 2k, row stride ld) = [gate | up]; a = silu(gate) * up
    (written to a, n x k), then a's rows as mars_quant_rows2. */
 void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, float *a, uint8_t *out, int64_t ldo,
@@ -149,7 +292,14 @@ void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, floa
     for (int64_t i = 0; i < n; i++) {
         const float *g = gu + i * ld, *u = g + k;
         float *ar = a + i * k;
-        for (int64_t j = 0; j < k; j++) ar[j] = g[j] / (1.0f + exp_poly(-g[j])) * u[j];
+        int64_t j = 0;
+#if defined(VL)
+        for (const vf one = VSET1(1.0f); j + VL <= k; j += VL) {
+            const vf gv = VLOAD(g + j);
+            VSTORE(ar + j, VMUL(VDIV(gv, VADD(one, vexp_poly(VSUB(VZERO(), gv)))), VLOAD(u + j)));
+        }
+#endif
+        for (; j < k; j++) ar[j] = g[j] / (1.0f + exp_poly(-g[j])) * u[j];
         sx[i] = quant_row(ar, k, out + i * ldo, out + (n + i) * ldo);
     }
 }
@@ -202,33 +352,6 @@ static inline float half_to_float(uint16_t v) {
     return out;
 }
 
-/* Both products keep up to 4 rows by 4 vectors of outputs in registers; each output is its own sum of fmas in
-   a fixed order (c, or jj, ascending), so 16 lanes, 8 lanes or the scalar loop give the same bits. */
-#if defined(__AVX512F__)
-#define VL 16
-typedef __m512 vf;
-#define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define VSET1 _mm512_set1_ps
-#define VFMA _mm512_fmadd_ps
-#define VZERO _mm512_setzero_ps
-#define VLOAD _mm512_loadu_ps
-#define VSTORE _mm512_storeu_ps
-#define VADD _mm512_add_ps
-#define VMAX _mm512_max_ps
-#define VEQ(a, b) ((int)_mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ))
-#elif defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
-#define VL 8
-typedef __m256 vf;
-#define VLOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define VSET1 _mm256_set1_ps
-#define VFMA _mm256_fmadd_ps
-#define VZERO _mm256_setzero_ps
-#define VLOAD _mm256_loadu_ps
-#define VSTORE _mm256_storeu_ps
-#define VADD _mm256_add_ps
-#define VMAX _mm256_max_ps
-#define VEQ(a, b) _mm256_movemask_ps(_mm256_cmp_ps((a), (b), _CMP_EQ_OQ))
-#endif
 
 typedef struct {  /* one fused Linear's deltas (LoraWeights in Python) */
     const uint16_t *at;  /* A transposed, k x R */
@@ -238,45 +361,72 @@ typedef struct {  /* one fused Linear's deltas (LoraWeights in Python) */
     int64_t nseg;
 } lora_w;
 
+#if defined(VL)
+/* part[r][j0 .. j0 + NV VL) for NR rows hr over c in [c0, c1): NR x NV independent fma chains, one per
+   (row, vector of t), each over c ascending. Called with constant NR and NV (lp_rows' switch) so that the
+   accumulators stay in registers and the loop has no branch: with a runtime row count the loop ran ~3x
+   slower than its fma chains allow (measured in isolation: R 48, one row, 1.36 us a half). */
+ALWAYS_INLINE void lp_tile(const uint16_t *at, int64_t R, int64_t c0, int64_t c1, const float *const *hr,
+                           const int NR, const int NV, int64_t j0, float part[][MAXR]) {
+    vf acc[8][4];
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
+    for (int64_t c = c0; c < c1; c++) {
+        const uint16_t *ar = at + c * R + j0;
+        vf av[4];
+        for (int v = 0; v < NV; v++) av[v] = VLOADH(ar + v * VL);
+        for (int r = 0; r < NR; r++) {
+            const vf hb = VSET1(hr[r][c]);
+            for (int v = 0; v < NV; v++) acc[r][v] = VFMA(av[v], hb, acc[r][v]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < NV; v++) VSTORE(part[r] + j0 + v * VL, acc[r][v]);
+}
+#define LP_CASE(NV, OUT) \
+    switch (nr) { \
+    case 1: lp_tile(at, R, c0, c1, hr, 1, NV, j0, OUT); break; \
+    case 2: lp_tile(at, R, c0, c1, hr, 2, NV, j0, OUT); break; \
+    case 3: lp_tile(at, R, c0, c1, hr, 3, NV, j0, OUT); break; \
+    default: lp_tile(at, R, c0, c1, hr, 4, NV, j0, OUT); break; \
+    }
+#endif
 /* part[i][j] = sum over c in half p of k of A[j][c] * h[rows[i]][c]: t = A h is the sum of the two halves */
 static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, const int64_t *rows, int64_t n,
                       float part[][MAXR]) {
     const int64_t k = lw->k, R = lw->R;
     const uint16_t *at = lw->at;
     const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
+#if defined(SKIP_PART)
+    for (int64_t i = 0; i < n; i++) for (int64_t j = 0; j < R; j++) part[i][j] = 0.0f;
+    return;
+#endif
+#if defined(VL)
+    /* up to 4 rows by up to 4 vectors of t (AVX2: 2, its 16 registers) at a time */
+    const int64_t vmax = VL == 16 ? 4 : 2;
     for (int64_t i0 = 0; i0 < n; i0 += 4) {
         const int64_t nr = n - i0 < 4 ? n - i0 : 4;
         const float *hr[4];
         for (int64_t r = 0; r < 4; r++) hr[r] = h + rows[i0 + (r < nr ? r : 0)] * ldh;
-#if defined(VL)
-        for (int64_t j0 = 0; j0 < R; j0 += 4 * VL) {  /* R is a multiple of 16 */
-            const int64_t nv = (R - j0) / VL < 4 ? (R - j0) / VL : 4;
-            vf acc[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int v = 0; v < 4; v++) acc[r][v] = VZERO();
-            for (int64_t c = c0; c < c1; c++) {
-                vf a[4];
-                for (int v = 0; v < 4; v++)
-                    if (v < nv) a[v] = VLOADH(at + c * R + j0 + v * VL);
-                for (int r = 0; r < 4; r++) {
-                    if (r >= nr) break;
-                    const vf hb = VSET1(hr[r][c]);
-                    for (int v = 0; v < 4; v++)
-                        if (v < nv) acc[r][v] = VFMA(a[v], hb, acc[r][v]);
-                }
-            }
-            for (int r = 0; r < nr; r++)
-                for (int v = 0; v < nv; v++) VSTORE(part[i0 + r] + j0 + v * VL, acc[r][v]);
+        for (int64_t j0 = 0; j0 < R;) {  /* R is a multiple of 16 */
+            const int64_t nv = (R - j0) / VL < vmax ? (R - j0) / VL : vmax;
+            if (nv == 4) { LP_CASE(4, part + i0) }
+            else if (nv == 3) { LP_CASE(3, part + i0) }
+            else if (nv == 2) { LP_CASE(2, part + i0) }
+            else { LP_CASE(1, part + i0) }
+            j0 += nv * VL;
         }
-#else
-        for (int64_t r = 0; r < nr; r++)
-            for (int64_t j = 0; j < R; j++) {
-                float acc = 0.0f;
-                for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[r][c], acc);
-                part[i0 + r][j] = acc;
-            }
-#endif
     }
+#else
+    for (int64_t i = 0; i < n; i++) {
+        const float *hr = h + rows[i] * ldh;
+        for (int64_t j = 0; j < R; j++) {
+            float acc = 0.0f;
+            for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[c], acc);
+            part[i][j] = acc;
+        }
+    }
+#endif
 }
 
 /* y[rows[i]][o] += sum_jj B[o][jj] t[i][jj] for the outputs o in [o0, o1) (y's row stride ldy): the B
@@ -284,36 +434,114 @@ static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, cons
    after another (LB float16 each), so a block of outputs reads one contiguous piece. Each output is its own
    sum of fmas over jj ascending, then added to y: the same bits from every caller, vector width or thread. */
 #define LB 16
-static inline void block_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, int64_t n, int64_t o0,
-                               int64_t o1, float *y, int64_t ldy) {
+#if defined(VL)
+/* NV vectors of outputs from o (B pieces bb[v] for each) for NR rows: NR x NV independent fma chains, each
+   output its own chain over jj ascending, then added to y. Constant NR and NV (bd_vectors' switch). */
+ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAXR], int64_t r_lo, const int64_t *rows,
+                           const int NR, const int NV, int64_t o, float *y, int64_t ldy) {
+    vf acc[4][4];
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
+    for (int64_t jj = 0; jj < r_n; jj++) {
+        vf bv[4];
+        for (int v = 0; v < NV; v++) bv[v] = VLOADH(bb[v] + jj * LB);
+        for (int r = 0; r < NR; r++) {
+            const vf tb = VSET1(t[r][r_lo + jj]);
+            for (int v = 0; v < NV; v++) acc[r][v] = VFMA(bv[v], tb, acc[r][v]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < NV; v++) {
+            float *yo = y + rows[r] * ldy + o + v * VL;
+            VSTORE(yo, VADD(VLOAD(yo), acc[r][v]));
+        }
+}
+#define BD_CASE(NV) \
+    switch (nr) { \
+    case 1: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 1, NV, o, y, ldy); break; \
+    case 2: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 2, NV, o, y, ldy); break; \
+    case 3: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 3, NV, o, y, ldy); break; \
+    default: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 4, NV, o, y, ldy); break; \
+    }
+#endif
+/* y[rows[i]][o] += (B t[i])[o] for the outputs o in [o0, o1) (any range: a thread's share of a product, after
+   it). A segment's B is stored in blocks of LB outputs, each block's columns one after another (LB float16
+   each), so a block of outputs reads one contiguous piece. Each output is its own sum of fmas over jj
+   ascending, then added to y: the same bits from every caller, vector width, thread or range. Vectors: up to 4
+   rows by 4 vectors of outputs at a time (AVX2: 2), so that even one row has independent chains (one vector
+   at a time left the core waiting on each fma). */
+static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, int64_t n, int64_t o0,
+                        int64_t o1, float *y, int64_t ldy) {
+#if defined(SKIP_DELTA)
+    return;
+#endif
     for (int64_t s = 0; s < lw->nseg; s++) {
         const int64_t *sg = lw->seg + 5 * s;
         const int64_t o_lo = sg[0], lo = o0 > o_lo ? o0 : o_lo, hi = o1 < o_lo + sg[1] ? o1 : o_lo + sg[1];
         if (lo >= hi) continue;
         const int64_t r_lo = sg[2], r_n = sg[3];
         const uint16_t *bs = lw->bt + sg[4];
+        int64_t o_vec = lo;  /* outputs [lo, o_vec) are done by vectors, the rest one by one */
+#if defined(VL)
+        if ((lo - o_lo) % VL == 0) {
+            const int64_t vmax = VL == 16 ? 4 : 2;
+            o_vec = lo + (hi - lo) / VL * VL;
+            for (int64_t o = lo; o < o_vec;) {
+                const int64_t nv = (o_vec - o) / VL < vmax ? (o_vec - o) / VL : vmax;
+                const uint16_t *bb[4];
+                for (int64_t v = 0; v < nv; v++) {
+                    const int64_t d = o + v * VL - o_lo, q = d % LB;
+                    bb[v] = bs + (d - q) * r_n + q;  /* output o + v VL's value for column jj: bb[v][jj * LB] */
+                }
+                for (int64_t i0 = 0; i0 < n; i0 += 4) {
+                    const int64_t nr = n - i0 < 4 ? n - i0 : 4;
+                    if (nv == 4) { BD_CASE(4) }
+                    else if (nv == 3) { BD_CASE(3) }
+                    else if (nv == 2) { BD_CASE(2) }
+                    else { BD_CASE(1) }
+                }
+                o += nv * VL;
+            }
+        }
+#endif
         for (int64_t i = 0; i < n; i++) {
             float *yr = y + rows[i] * ldy;
             const float *ti = t[i] + r_lo;
-            int64_t o = lo;
-            while (o < hi) {
+            for (int64_t o = o_vec; o < hi; o++) {
                 const int64_t d = o - o_lo, q = d % LB;
-                const uint16_t *bb = bs + (d - q) * r_n + q;  /* output o's value for column jj: bb[jj * LB] */
-#if defined(VL)
-                if (q % VL == 0 && o + VL <= hi) {
-                    vf acc = VZERO();
-                    for (int64_t jj = 0; jj < r_n; jj++) acc = VFMA(VLOADH(bb + jj * LB), VSET1(ti[jj]), acc);
-                    VSTORE(yr + o, VADD(VLOAD(yr + o), acc));
-                    o += VL;
-                    continue;
-                }
-#endif
+                const uint16_t *bb = bs + (d - q) * r_n + q;
                 float acc = 0.0f;
                 for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf(half_to_float(bb[jj * LB]), ti[jj], acc);
                 yr[o] = yr[o] + acc;
-                o++;
             }
         }
+    }
+}
+
+/* A thread's share [lo, hi) of n items: contiguous, fixed by the thread count (a product and its delta split
+   the blocks alike, so a thread adds the delta to the outputs it wrote, with no barrier between) */
+static inline void thread_share(int64_t n, int64_t *lo, int64_t *hi) {
+#if defined(_OPENMP)
+    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
+#else
+    const int64_t nt = 1, tid = 0;
+#endif
+    *lo = n * tid / nt;
+    *hi = n * (tid + 1) / nt;
+}
+
+/* The layer loop names the next fused Linear's deltas here while a product runs (NULL otherwise; one pass at a
+   time, the app's passes take turns): each block of outputs then asks for its share of their A and B, so that
+   those ~10 MB a pass arrive behind the weights' stream instead of as memory waits when the next product starts. */
+static const lora_w *next_lw = NULL;
+static inline void next_lora_prefetch(int64_t blk, int64_t blocks) {
+    const lora_w *nl = next_lw;
+    const int64_t *last = nl->seg + 5 * (nl->nseg - 1);
+    const int64_t a_bytes = nl->k * nl->R * 2, b_bytes = 2 * (last[4] + (last[1] + LB - 1) / LB * LB * last[3]);
+    for (int part = 0; part < 2; part++) {
+        const char *base = part ? (const char *)nl->bt : (const char *)nl->at;
+        const int64_t bytes = part ? b_bytes : a_bytes, lo = bytes * blk / blocks, hi = bytes * (blk + 1) / blocks;
+        for (int64_t off = lo & ~(int64_t)63; off < hi; off += 64) __builtin_prefetch(base + off, 0, 2);
     }
 }
 
@@ -330,8 +558,9 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
         float t[MAXROWS / 2][MAXR];
         for (int64_t i = 0; i < n; i++)
             for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
-        #pragma omp for schedule(static)
-        for (int64_t o = 0; o < m; o += LB) block_delta(lw, t, rows, n, o, o + LB < m ? o + LB : m, y, ldy);
+        int64_t b_lo, b_hi;
+        thread_share((m + LB - 1) / LB, &b_lo, &b_hi);
+        range_delta(lw, t, rows, n, b_lo * LB, b_hi * LB < m ? b_hi * LB : m, y, ldy);
     }
 }
 
@@ -340,8 +569,10 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
    product and its delta. part is shared (one half of k per thread), t each thread's own sum of the halves. */
 #define LORA_T                                                                                              \
     if (lora) {                                                                                             \
-        _Pragma("omp for schedule(static)")                                                                 \
+        _Pragma("omp for schedule(static) nowait")                                                          \
         for (int p = 0; p < 2; p++) lora_part(lw, p, h, ldh, grows, ng, part[p]);                         \
+        STAGE0(12)                                                                                          \
+        _Pragma("omp barrier")                                                                              \
         for (int64_t i = 0; i < ng; i++)                                                                    \
             for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];                   \
     }
@@ -459,7 +690,9 @@ void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *
     #pragma omp parallel
     {
         float t[MAXROWS / 2][MAXR];
+        STAGE_START
         LORA_T
+        STAGE0(9)
         tile_config cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.palette_id = 1;
@@ -472,9 +705,11 @@ void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *
         }
         _tile_loadconfig(&cfg);
         int32_t s[MAXROWS][OB];
-        #pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t b_lo, b_hi;
+        thread_share(blocks, &b_lo, &b_hi);
+        for (int64_t blk = b_lo; blk < b_hi; blk++) {
             const int8_t *wb = w + blk * kp * OB;
+            if (next_lw) next_lora_prefetch(blk, blocks);
             _tile_zero(0);
             if (hi) _tile_zero(3);
             for (int64_t kc = 0; kc < kp; kc += 64) {
@@ -491,9 +726,11 @@ void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *
             if (hi) _tile_stored(3, s + 16, OB * 4);
             const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
             block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
-            if (lora) block_delta(lw, t, grows, ng, o0, o1, y, m);
         }
         _tile_release();
+        STAGE0(10)
+        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, m);
+        STAGE0(11)
     }
 }
 int mars_has_amx(void) { return 1; }
@@ -515,17 +752,20 @@ void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t
     #pragma omp parallel
     {
         float t[MAXROWS / 2][MAXR];
+        STAGE_START
         LORA_T
-        #pragma omp for schedule(static)
-        for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t b_lo, b_hi;
+        thread_share(blocks, &b_lo, &b_hi);
+        for (int64_t blk = b_lo; blk < b_hi; blk++) {
             int32_t s[MAXROWS][OB];
             const int8_t *wb = w + blk * kp * OB;
+            if (next_lw) next_lora_prefetch(blk, blocks);
             for (int64_t r0 = 0; r0 < rows; r0 += 4)
                 block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
             const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
             block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
-            if (lora) block_delta(lw, t, grows, ng, o0, o1, y, m);
         }
+        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, m);
     }
 }
 

@@ -19,11 +19,6 @@ as tensor ops and wrapper calls, each with its allocations and dispatch, and SDP
 
 SOURCE = r"""
 #include <stdlib.h>
-#if defined(__AVX512F__)
-#define VMUL _mm512_mul_ps
-#elif defined(VL)
-#define VMUL _mm256_mul_ps
-#endif
 
 /* Attention, one query row of one head at a time, in an order that does not depend on what else is in its
    pass (the lossless modes' AR check compares a row with itself in a 1-token pass):
@@ -114,7 +109,6 @@ static inline __m512 exp_poly16(__m512 x) {
 }
 #endif
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 #if defined(ATT512)
 /* 16 keys' scores from key row k0 on (nk <= 16 of them real, the rest 0), nc = hd / 16 vectors of q. Called
@@ -334,8 +328,10 @@ typedef struct {
 } layer_c;
 
 static inline void lin_run(const lin_c *L, int amx, const uint8_t *xq, int64_t n, const float *sx, const float *res,
-                           int64_t ldr, float *y, const float *h, int64_t ldh, const int64_t *grows, int64_t ng) {
+                           int64_t ldr, float *y, const float *h, int64_t ldh, const int64_t *grows, int64_t ng,
+                           const lin_c *next) {
     const lora_w *lw = ng > 0 ? L->lw : NULL;
+    next_lw = ng > 0 && next && next->lw && next->lw->nseg ? next->lw : NULL;
     (amx ? mars_gemv_amx : mars_gemv_rows2)(xq, n, L->w, L->wsum, L->m, L->kp, sx, L->sw, L->bias, res, ldr, y,
                                             lw ? h : NULL, ldh, lw ? grows : NULL, lw ? ng : 0, lw);
 }
@@ -359,19 +355,30 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
     }
     for (int64_t l = 0; l < nl; l++) {
         const layer_c *ly = L + l;
+        STAGE_START
         mars_rmsnorm_quant(x, n, D, D, ly->ln1, ly->eps1, h, xq, ly->qkv.kp, sx);
-        lin_run(&ly->qkv, amx, xq, n, sx, NULL, 0, qkv, h, D, grows, ng);
+        STAGE(0)
+        lin_run(&ly->qkv, amx, xq, n, sx, NULL, 0, qkv, h, D, grows, ng, &ly->o);
+        STAGE(1)
         if (mars_attend(qkv, b, W, H, KV, hd, cos, sin, kbase + l * lstride, vbase + l * lstride, cap, C, allowed, att)) {
             free(h); free(qkv); free(att); free(gu); free(xq);
             return 2;
         }
+        STAGE(2)
         mars_quant_rows2(att, n, A, A, xq, ly->o.kp, sx);
-        lin_run(&ly->o, amx, xq, n, sx, x, D, x, att, A, grows, ng);
+        STAGE(3)
+        lin_run(&ly->o, amx, xq, n, sx, x, D, x, att, A, grows, ng, &ly->gu);
+        STAGE(4)
         mars_rmsnorm_quant(x, n, D, D, ly->ln2, ly->eps2, h, xq, ly->gu.kp, sx);
-        lin_run(&ly->gu, amx, xq, n, sx, NULL, 0, gu, h, D, grows, ng);
+        STAGE(5)
+        lin_run(&ly->gu, amx, xq, n, sx, NULL, 0, gu, h, D, grows, ng, &ly->down);
+        STAGE(6)
         mars_silu_mul_quant(gu, n, I, 2 * I, h, xq, ly->down.kp, sx);
-        lin_run(&ly->down, amx, xq, n, sx, x, D, x, h, I, grows, ng);
+        STAGE(7)
+        lin_run(&ly->down, amx, xq, n, sx, x, D, x, h, I, grows, ng, l + 1 < nl ? &L[l + 1].qkv : NULL);
+        STAGE(8)
     }
+    next_lw = NULL;
     free(h); free(qkv); free(att); free(gu); free(xq);
     return 0;
 }
