@@ -8,11 +8,17 @@ ratio to the first variant's 1-input pass.
 
     PYTHONPATH=. python scripts/kernel_ab.py HEAD~1 HEAD                  # did the last commit make a pass cheaper?
     PYTHONPATH=. python scripts/kernel_ab.py HEAD HEAD:-DSOME_FLAG --bare  # a compile-time variant
+    PYTHONPATH=. python scripts/kernel_ab.py HEAD --stages --widths 1 7     # where a pass's time goes, per step
+
+`--stages` builds every variant with -DMARS_STAGES (timers around each step of the C layer loop; they cost
+~0.1 ms a pass) and prints each step's mean microseconds per pass; "rest" is the pass outside the loop (the
+embedding, the LM head and its scoring, the Python around them).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import statistics
 import subprocess
 import tempfile
@@ -23,6 +29,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("norm1", "qkv", "attention", "quant o", "o", "norm2", "gate_up", "silu", "down",  # mars_layers' steps
+          "(A wait)", "(products)", "(lora B)", "(lora A)")  # inside the products (AMX), thread 0: part of the steps above
 
 
 def source_at(rev: str) -> str:
@@ -54,6 +62,8 @@ def build(variant: str, folder: Path, i: int):
         ck.SOURCE = saved
     if so is None:
         raise SystemExit(f"{variant}: {why}")
+    if hasattr(so, "mars_stages"):  # revisions before the stage timers lack it
+        so.mars_stages.argtypes, so.mars_stages.restype = [ctypes.c_void_p], ctypes.c_int
     return so
 
 
@@ -65,7 +75,11 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bare", action="store_true", help="real tokens only: no gated adapter rows")
+    ap.add_argument("--stages", action="store_true", help="time each step of the C layer loop (see above)")
     args = ap.parse_args()
+    if args.stages:
+        args.variants = [v if ":" in v else v + ":" for v in args.variants]
+        args.variants = [v + " -DMARS_STAGES" for v in args.variants]
     torch.set_num_threads(args.threads)
     from mars.core.backends import FastBackend
     from mars.models.loading import load
@@ -81,6 +95,8 @@ def main() -> int:
     be.forward(torch.randint(100, 49152, (1, P), generator=g), torch.arange(P)[None],
                torch.tril(torch.ones(P, P, dtype=torch.bool))[None], [P - 1])
     times = {(v, W): [] for v in libs for W in args.widths}
+    stages = {(v, W): [0.0] * len(STAGES) for v in libs for W in args.widths}
+    buf = (ctypes.c_double * len(STAGES))()
     for r in range(args.rounds + 1):  # round 0 warms up
         for W in args.widths:
             ids = torch.randint(100, 49152, (1, W), generator=g)
@@ -95,8 +111,11 @@ def main() -> int:
                 be.forward(ids, pos, allowed, list(range(W)))
                 dt = time.perf_counter() - t0
                 be.truncate(P)
+                got = libs[v].mars_stages(buf) if args.stages else 0
                 if r:
                     times[(v, W)].append(dt)
+                    for i in range(got):
+                        stages[(v, W)][i] += buf[i] / args.rounds
     base = statistics.median(times[(args.variants[0], args.widths[0])])
     print(f"ms per pass (median of {args.rounds}), {'bare' if args.bare else 'inputs after the first are masks'}, "
           f"{args.threads} threads, {P} cached tokens; ratio to the first variant's W={args.widths[0]}")
@@ -104,6 +123,17 @@ def main() -> int:
         cells = [f"W{W} {1e3 * statistics.median(times[(v, W)]):5.2f} ({statistics.median(times[(v, W)]) / base:.2f})"
                  for W in args.widths]
         print(f"{v:<28}" + "  ".join(cells))
+    if args.stages:
+        print("\nmicroseconds per pass by step (mean), per variant and width:")
+        print(f"{'step':<12}" + "".join(f"{v.split(':')[0] + ' W' + str(W):>14}" for v in libs for W in args.widths))
+        for i, name in enumerate(STAGES + ("rest",)):
+            cells = []
+            for v in libs:
+                for W in args.widths:
+                    row = stages[(v, W)]
+                    us = 1e6 * (statistics.mean(times[(v, W)]) - sum(row[:9]) if i == len(STAGES) else row[i])
+                    cells.append(f"{us:14.0f}")
+            print(f"{name:<12}" + "".join(cells))
     return 0
 
 
