@@ -6,7 +6,7 @@ Components and event handlers only. The shared model is `mars.app.serving`, a vi
 choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default:
 every core) torch's threads per pass, MARS_MAX_NEW_TOKENS (default 512) the largest request,
 MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt, MARS_DEVICE (auto, cpu or cuda; default auto:
-CUDA when present) where the model runs, MARS_CHART_EVERY_S (default 1) how often the charts
+CUDA when present) where the model runs, MARS_CHART_EVERY_S (default 3) how often the charts
 are redrawn while a run streams. Every limit is checked here, on the server, whatever a client sends.
 Who may change the model and what may load (SPACE_ID, MARS_ADMIN_TOKEN, MARS_ALLOWED_MODELS, MARS_MODELS_DIR,
 MARS_PUBLIC, MARS_QUEUE_SIZE): `mars.app.policy`, docs/deploying.md.

@@ -142,7 +142,7 @@ def test_chart_interval_comes_from_mars_chart_every_s(monkeypatch):
     from mars.app.inputs import chart_every_s
 
     monkeypatch.delenv("MARS_CHART_EVERY_S", raising=False)
-    assert chart_every_s() == 1.0
+    assert chart_every_s() == 3.0
     monkeypatch.setenv("MARS_CHART_EVERY_S", "inf")
     assert chart_every_s() == float("inf")
     for bad in ("-1", "nan", "soon"):

@@ -65,10 +65,12 @@ def max_new_tokens_limit() -> int:
 
 
 def chart_every_s() -> float:
-    """Seconds between chart redraws while a run streams (MARS_CHART_EVERY_S, default 1; 0 = every pass, inf =
+    """Seconds between chart redraws while a run streams (MARS_CHART_EVERY_S, default 3; 0 = every pass, inf =
     only at the end): each redraw is three plotly figures serialised by the server and drawn by the browser,
-    work that can fall during the next pass."""
-    return _seconds("MARS_CHART_EVERY_S", 1.0)
+    work that falls during the next passes. At 1 s, five 128-token races on 2 cores took ~20% longer than at
+    3 s, where a typical run (1.5-2.5 s here) gets its charts once, at the end (scripts/race.py --chart-every
+    1.0 3.0, docs/int8.md); a long run still sees them grow."""
+    return _seconds("MARS_CHART_EVERY_S", 3.0)
 
 
 def text_every_s() -> float:
