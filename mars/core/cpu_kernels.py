@@ -81,8 +81,8 @@ int mars_stages(double *out) { (void)out; return 0; }
 #define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-/* Both products keep up to 4 rows by 4 vectors of outputs in registers; each output is its own sum of fmas in
-   a fixed order (c, or jj, ascending), so 16 lanes, 8 lanes or the scalar loop give the same bits. */
+/* Vectors of VL floats (AVX-512: 16, AVX2: 8; none: the plain C loops). Every loop that uses them does, lane by
+   lane, the operations of its plain C loop in the same order, so 16 lanes, 8 lanes or none give the same bits. */
 #if defined(__AVX512F__)
 #define VL 16
 typedef __m512 vf;
@@ -267,7 +267,8 @@ static inline float exp_poly(float x) {
 }
 
 #if defined(VL)
-/* exp_poly in VL lanes: the same operations in the same order, so the same bits (-g: 0 - g is -g exactly) */
+/* exp_poly in VL lanes: the same operations in the same order, so the same bits (the SiLU's and the C
+   attention's softmax) */
 static inline vf vexp_poly(vf x) {
     x = VMIN(VMAX(x, VSET1(-87.0f)), VSET1(88.0f));
     const vf n = VROUND(VMUL(x, VSET1(1.44269504088896341f)));
@@ -329,7 +330,7 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
    (row g of h and of y), as mars.core.fastpath._Linear._delta adds it at the rows whose gate is 1 (the other
    rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 16) and B as segments,
    one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
-   segment's B in bt, stored by blocks of outputs: block_delta): block_diag's zero blocks are never read. Both in
+   segment's B in bt, stored by blocks of outputs: range_delta): block_diag's zero blocks are never read. Both in
    float16, the adapter's own values (it ships in float16), so widening them to float32 is exact.
    t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), so the
    result does not depend on the thread count; then y += B t, split across threads by output. */
@@ -363,12 +364,12 @@ typedef struct {  /* one fused Linear's deltas (LoraWeights in Python) */
 
 #if defined(VL)
 /* part[r][j0 .. j0 + NV VL) for NR rows hr over c in [c0, c1): NR x NV independent fma chains, one per
-   (row, vector of t), each over c ascending. Called with constant NR and NV (lp_rows' switch) so that the
+   (row, vector of t), each over c ascending. Called with constant NR and NV (LP_CASE's switch) so that the
    accumulators stay in registers and the loop has no branch: with a runtime row count the loop ran ~3x
    slower than its fma chains allow (measured in isolation: R 48, one row, 1.36 us a half). */
 ALWAYS_INLINE void lp_tile(const uint16_t *at, int64_t R, int64_t c0, int64_t c1, const float *const *hr,
                            const int NR, const int NV, int64_t j0, float part[][MAXR]) {
-    vf acc[8][4];
+    vf acc[4][4];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
     for (int64_t c = c0; c < c1; c++) {
@@ -397,10 +398,6 @@ static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, cons
     const int64_t k = lw->k, R = lw->R;
     const uint16_t *at = lw->at;
     const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
-#if defined(SKIP_PART)
-    for (int64_t i = 0; i < n; i++) for (int64_t j = 0; j < R; j++) part[i][j] = 0.0f;
-    return;
-#endif
 #if defined(VL)
     /* up to 4 rows by up to 4 vectors of t (AVX2: 2, its 16 registers) at a time */
     const int64_t vmax = VL == 16 ? 4 : 2;
@@ -429,14 +426,10 @@ static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, cons
 #endif
 }
 
-/* y[rows[i]][o] += sum_jj B[o][jj] t[i][jj] for the outputs o in [o0, o1) (y's row stride ldy): the B
-   product of one block of outputs. A segment's B is stored in blocks of LB outputs, each block's columns one
-   after another (LB float16 each), so a block of outputs reads one contiguous piece. Each output is its own
-   sum of fmas over jj ascending, then added to y: the same bits from every caller, vector width or thread. */
 #define LB 16
 #if defined(VL)
 /* NV vectors of outputs from o (B pieces bb[v] for each) for NR rows: NR x NV independent fma chains, each
-   output its own chain over jj ascending, then added to y. Constant NR and NV (bd_vectors' switch). */
+   output its own chain over jj ascending, then added to y. Constant NR and NV (BD_CASE's switch). */
 ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAXR], int64_t r_lo, const int64_t *rows,
                            const int NR, const int NV, int64_t o, float *y, int64_t ldy) {
     vf acc[4][4];
@@ -472,9 +465,6 @@ ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAX
    at a time left the core waiting on each fma). */
 static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, int64_t n, int64_t o0,
                         int64_t o1, float *y, int64_t ldy) {
-#if defined(SKIP_DELTA)
-    return;
-#endif
     for (int64_t s = 0; s < lw->nseg; s++) {
         const int64_t *sg = lw->seg + 5 * s;
         const int64_t o_lo = sg[0], lo = o0 > o_lo ? o0 : o_lo, hi = o1 < o_lo + sg[1] ? o1 : o_lo + sg[1];
@@ -530,21 +520,6 @@ static inline void thread_share(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = n * (tid + 1) / nt;
 }
 
-/* The layer loop names the next fused Linear's deltas here while a product runs (NULL otherwise; one pass at a
-   time, the app's passes take turns): each block of outputs then asks for its share of their A and B, so that
-   those ~10 MB a pass arrive behind the weights' stream instead of as memory waits when the next product starts. */
-static const lora_w *next_lw = NULL;
-static inline void next_lora_prefetch(int64_t blk, int64_t blocks) {
-    const lora_w *nl = next_lw;
-    const int64_t *last = nl->seg + 5 * (nl->nseg - 1);
-    const int64_t a_bytes = nl->k * nl->R * 2, b_bytes = 2 * (last[4] + (last[1] + LB - 1) / LB * LB * last[3]);
-    for (int part = 0; part < 2; part++) {
-        const char *base = part ? (const char *)nl->bt : (const char *)nl->at;
-        const int64_t bytes = part ? b_bytes : a_bytes, lo = bytes * blk / blocks, hi = bytes * (blk + 1) / blocks;
-        for (int64_t off = lo & ~(int64_t)63; off < hi; off += 64) __builtin_prefetch(base + off, 0, 2);
-    }
-}
-
 void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, const lora_w *lw, float *y,
                     int64_t ldy) {
     if (n == 0 || lw->nseg == 0) return;  /* no gated row, or B all zeros (an adapter before training) */
@@ -565,8 +540,9 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
 }
 
 /* Inside a parallel region: t = A h at the gated rows when there is a delta to add (lora), for the products
-   below to add B t to each block of outputs they finish (block_delta): one call and one thread team for the
-   product and its delta. part is shared (one half of k per thread), t each thread's own sum of the halves. */
+   below to add B t to the outputs each thread wrote (range_delta, after its share of the blocks): one call and
+   one thread team for the product and its delta. part is shared (one half of k per thread), t each thread's
+   own sum of the halves. */
 #define LORA_T                                                                                              \
     if (lora) {                                                                                             \
         _Pragma("omp for schedule(static) nowait")                                                          \
@@ -587,7 +563,7 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
    AVX-512 VNNI: vpdpbusd, OB = 16; AVX2: vpmaddubsw (u8 x s8 pair sums: 2 * 255 * 64 < 2^15, no saturation)
    then vpmaddwd, OB = 8; otherwise plain C, OB = 8. Blocks are split across OpenMP threads (torch's own
    pool: the library loads after torch, and libgomp is found by its soname). With lw (and ng > 0 gated rows
-   grows of h) the gated adapter's delta is added to each block as it is finished (LORA_T, block_delta). */
+   grows of h) the gated adapter's delta is added to each thread's outputs after its blocks (LORA_T, range_delta). */
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
 #define OB 16
 #else
@@ -709,7 +685,6 @@ void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *
         thread_share(blocks, &b_lo, &b_hi);
         for (int64_t blk = b_lo; blk < b_hi; blk++) {
             const int8_t *wb = w + blk * kp * OB;
-            if (next_lw) next_lora_prefetch(blk, blocks);
             _tile_zero(0);
             if (hi) _tile_zero(3);
             for (int64_t kc = 0; kc < kp; kc += 64) {
@@ -759,7 +734,6 @@ void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t
         for (int64_t blk = b_lo; blk < b_hi; blk++) {
             int32_t s[MAXROWS][OB];
             const int8_t *wb = w + blk * kp * OB;
-            if (next_lw) next_lora_prefetch(blk, blocks);
             for (int64_t r0 = 0; r0 < rows; r0 += 4)
                 block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
             const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
@@ -1108,7 +1082,7 @@ class LoraWeights:
             cols = part.abs().sum(dim=0).nonzero().flatten()  # this module's block: its non-zero columns
             if len(cols):
                 r_lo, r_hi = int(cols[0]), int(cols[-1]) + 1
-                # blocks of LB outputs, each as (columns, LB): block_delta reads one contiguous piece per block
+                # blocks of LB outputs, each as (columns, LB): range_delta reads one contiguous piece per block
                 mp = -(-m // LORA_BLOCK) * LORA_BLOCK
                 piece = torch.zeros(mp, r_hi - r_lo)
                 piece[:m] = part[:, r_lo:r_hi]

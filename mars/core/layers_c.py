@@ -89,27 +89,7 @@ static inline __m512 reduce16(const __m512 *v) {
     const __m512i idx = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     return _mm512_permutexvar_ps(idx, r);
 }
-
-/* exp_poly in 16 lanes: the same operations, so the same bits */
-static inline __m512 exp_poly16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
-    r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
-}
 #endif
-
-
 #if defined(ATT512)
 /* 16 keys' scores from key row k0 on (nk <= 16 of them real, the rest 0), nc = hd / 16 vectors of q. Called
    with constant nc and nk == 16 where it can be, so that the compiler keeps acc in registers. */
@@ -160,7 +140,7 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
             const int64_t nk = T - j0 < 16 ? T - j0 : 16;
             const __mmask16 live = (__mmask16)((1u << nk) - 1u);
             const __mmask16 ok = _mm_mask_cmpneq_epi8_mask(live, _mm_maskz_loadu_epi8(live, al + j0), _mm_setzero_si128());
-            const __m512 p = _mm512_maskz_mov_ps(ok, exp_poly16(_mm512_sub_ps(_mm512_loadu_ps(s + j0), mv)));
+            const __m512 p = _mm512_maskz_mov_ps(ok, vexp_poly(_mm512_sub_ps(_mm512_loadu_ps(s + j0), mv)));
             _mm512_storeu_ps(s + j0, p);
             _mm512_mask_compressstoreu_ps(packed + cnt, ok, p);
             cnt += __builtin_popcount((unsigned)ok);
@@ -328,10 +308,8 @@ typedef struct {
 } layer_c;
 
 static inline void lin_run(const lin_c *L, int amx, const uint8_t *xq, int64_t n, const float *sx, const float *res,
-                           int64_t ldr, float *y, const float *h, int64_t ldh, const int64_t *grows, int64_t ng,
-                           const lin_c *next) {
+                           int64_t ldr, float *y, const float *h, int64_t ldh, const int64_t *grows, int64_t ng) {
     const lora_w *lw = ng > 0 ? L->lw : NULL;
-    next_lw = ng > 0 && next && next->lw && next->lw->nseg ? next->lw : NULL;
     (amx ? mars_gemv_amx : mars_gemv_rows2)(xq, n, L->w, L->wsum, L->m, L->kp, sx, L->sw, L->bias, res, ldr, y,
                                             lw ? h : NULL, ldh, lw ? grows : NULL, lw ? ng : 0, lw);
 }
@@ -358,7 +336,7 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
         STAGE_START
         mars_rmsnorm_quant(x, n, D, D, ly->ln1, ly->eps1, h, xq, ly->qkv.kp, sx);
         STAGE(0)
-        lin_run(&ly->qkv, amx, xq, n, sx, NULL, 0, qkv, h, D, grows, ng, &ly->o);
+        lin_run(&ly->qkv, amx, xq, n, sx, NULL, 0, qkv, h, D, grows, ng);
         STAGE(1)
         if (mars_attend(qkv, b, W, H, KV, hd, cos, sin, kbase + l * lstride, vbase + l * lstride, cap, C, allowed, att)) {
             free(h); free(qkv); free(att); free(gu); free(xq);
@@ -367,18 +345,17 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
         STAGE(2)
         mars_quant_rows2(att, n, A, A, xq, ly->o.kp, sx);
         STAGE(3)
-        lin_run(&ly->o, amx, xq, n, sx, x, D, x, att, A, grows, ng, &ly->gu);
+        lin_run(&ly->o, amx, xq, n, sx, x, D, x, att, A, grows, ng);
         STAGE(4)
         mars_rmsnorm_quant(x, n, D, D, ly->ln2, ly->eps2, h, xq, ly->gu.kp, sx);
         STAGE(5)
-        lin_run(&ly->gu, amx, xq, n, sx, NULL, 0, gu, h, D, grows, ng, &ly->down);
+        lin_run(&ly->gu, amx, xq, n, sx, NULL, 0, gu, h, D, grows, ng);
         STAGE(6)
         mars_silu_mul_quant(gu, n, I, 2 * I, h, xq, ly->down.kp, sx);
         STAGE(7)
-        lin_run(&ly->down, amx, xq, n, sx, x, D, x, h, I, grows, ng, l + 1 < nl ? &L[l + 1].qkv : NULL);
+        lin_run(&ly->down, amx, xq, n, sx, x, D, x, h, I, grows, ng);
         STAGE(8)
     }
-    next_lw = NULL;
     free(h); free(qkv); free(att); free(gu); free(xq);
     return 0;
 }
