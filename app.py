@@ -295,7 +295,10 @@ class MarsApp:
 
         timing = f"({rec.seconds * 1000:.0f} ms, {rec.input_len} positions in the forward input)"
         if mode == "verified":
-            source = {"mars": " (from the mask positions)", "lookup": " (copied from the text: n-gram lookup)"}
+            source = {"mars": " (from the mask positions)", "lookup": " (copied from the text: n-gram lookup)",
+                      "store": " (from the datastore of the model's own answers to other prompts)",
+                      "mars+lookup": " (from the mask positions and copied from the text)",
+                      "mars+store": " (from the mask positions and the datastore of the model's own answers)"}
             header = (f"Pass {i}: {rec.drafts_sent} drafts{source.get(rec.draft_source, '')} checked against "
                       "the model's own choices, "
                       f"{len(rec.token_ids)} tokens accepted; next drafts sent at tau {rec.tau:.2f} {timing}.")

@@ -265,13 +265,15 @@ def bench_race(lm, prompt: str, max_new: int, threads: int) -> dict:
     default on a CPU), so that app and bench run the same model and setting."""
     import torch
 
-    from mars.app.inputs import DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, app_tree_nodes, make_config, mode_block
+    from mars.app.inputs import (DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, app_tree_nodes, fit_to_model, make_config,
+                                 mode_block)
     from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
     ids = encode_prompt(lm.tokenizer, prompt)
     mode = MODE_LABELS[DEFAULT_MODE_LABEL]
-    cfg = make_config(mode, MODE_TAU[mode], mode_block(mode, lm), max_new, top_k=0, tree_nodes=app_tree_nodes())
+    cfg, _ = fit_to_model(lm, make_config(mode, MODE_TAU[mode], mode_block(mode, lm), max_new, top_k=0,
+                                          tree_nodes=app_tree_nodes()))  # as the app's generate does
     m = generate_ids(lm, [ids], cfg)[0]
     a = generate_ids(lm, [ids], DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new,
                                              backend=cfg.backend))[0]

@@ -1,7 +1,8 @@
 """Lossless draft trees of several shapes against core AR, side by side in one process, on the int8 backend.
 
-A shape is B/N[/tau]: block size B (B-1 masks per group), a tree of up to N draft nodes (0: one chain) with
-one mask group, both draft sources, and the verified mode's tau (drafts below it are not sent; default 0).
+A shape is B/N[/tau][s]: block size B (B-1 masks per group), a tree of up to N draft nodes (0: one chain) with
+one mask group, both draft sources, the verified mode's tau (drafts below it are not sent; default 0), and
+with a trailing "s" the datastore's chains (mars.core.datastore).
 Every shape runs on each prompt before the next prompt, round by round, so a change in the machine's load
 falls on all alike. Prints tokens/s, ms per pass, tokens per pass and the speed against AR's.
 
@@ -21,15 +22,16 @@ def config(spec: str, max_new: int, backend: str):
 
     if spec == "ar":
         return DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new, backend=backend)
-    block, nodes, *tau = spec.split("/")
+    store = spec.endswith("s")  # "2/4s": with the datastore's chains (mars.core.datastore)
+    block, nodes, *tau = spec.rstrip("s").split("/")
     return DecodeConfig(mode="verified", tau=float(tau[0]) if tau else 0.0, block_size=int(block),
                         max_new_tokens=max_new, backend=backend, verify_groups="last", drafts="both",
-                        tree_nodes=int(nodes))
+                        tree_nodes=int(nodes), datastore=store)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("shapes", nargs="+", help="B/N or B/N/tau")
+    ap.add_argument("shapes", nargs="+", help="B/N, B/N/tau, B/N[/tau]s")
     ap.add_argument("--prompts", type=int, nargs="+", default=[0, 3, 7, 11, 15, 19, 23, 27],
                     help="indices into data/prompts/heldout.jsonl")
     ap.add_argument("--max-new-tokens", type=int, default=128)

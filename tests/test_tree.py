@@ -382,3 +382,32 @@ def test_grow_tree_pushing_siblings_lazily_grows_the_same_tree():
         want = _grow_tree_slow(dists, copies, budget, tau, share)
         assert (got.tokens, got.parents, got.values, got.probs, got.copied) == \
             (want.tokens, want.parents, want.values, want.probs, want.copied), trial
+
+
+def test_datastore_chains_stay_exact_and_add_tokens_per_pass(tiny_lm, monkeypatch):
+    """A datastore built from the model's own greedy answers (here: to the same prompts, the best case) feeds
+    chains that the check accepts; one built from noise is rejected; the text is AR's either way, alone and
+    batched."""
+    from mars.core.datastore import Datastore
+
+    ids = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS]
+    ar = ar_of(tiny_lm, ids, 40)
+    kw = dict(mode="verified", tree_nodes=4, drafts="both", tau=0.0, max_new_tokens=40, block_size=2,
+              verify_groups="last")
+    plain = [generate_ids(tiny_lm, [p], DecodeConfig(**kw))[0] for p in ids]
+    runs = {}
+    V = len(tiny_lm.tokenizer)
+    for name, seqs in {"own": [p + a for p, a in zip(ids, ar)],
+                       "noise": [[(7 * i + 3) % V for i in range(200)]]}.items():
+        store = Datastore.from_sequences(seqs, min_count=1)  # each answer once: every suffix seen once
+        monkeypatch.setattr(tiny_lm, "datastore", store, raising=False)
+        runs[name] = [generate_ids(tiny_lm, [p], DecodeConfig(**kw, datastore=True))[0] for p in ids]
+        assert [r.token_ids for r in runs[name]] == ar
+        assert [r.token_ids for r in generate_ids(tiny_lm, ids, DecodeConfig(**kw, datastore=True))] == ar
+    per_pass = {k: sum(r.tokens for r in v) / sum(r.passes for r in v) for k, v in runs.items()}
+    base = sum(r.tokens for r in plain) / sum(r.passes for r in plain)
+    assert per_pass["own"] > 2 * base, (per_pass, base)
+    assert per_pass["noise"] <= base + 0.1
+    assert any("store" in (s.draft_source or "") for r in runs["own"] for s in r.steps)
+    with pytest.raises(ValueError, match="datastore"):
+        DecodeConfig(mode="verified", drafts="both", datastore=True)  # no tree

@@ -46,6 +46,14 @@ def mode_block(mode: str, lm=None) -> int:
     return trained
 
 
+def app_datastore(lm) -> bool:
+    """Whether a tree also drafts from the datastore (mars.core.datastore): for the default model, whose
+    own answers the table holds, unless MARS_DATASTORE=0."""
+    from mars.models.loading import DEFAULT_MODEL
+
+    return lm.name == DEFAULT_MODEL and os.environ.get("MARS_DATASTORE", "1") != "0"
+
+
 def app_tree_nodes() -> int:
     """The tree-nodes slider's starting value. On a CPU (MARS_DEVICE resolved): the CPU's tree,
     mars.core.tree.DEFAULT_TREE_NODES["cpu"] (4 nodes, with DecodeConfig.tree_groups' one mask group: 1.10-1.13x
@@ -212,6 +220,8 @@ def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
     if cfg.mode != "ar" and lm.mask_token_id is None:
         notes.append("this model has no mask token, so it cannot draft: the run is plain AR, one token per pass")
         return replace(cfg, mode="ar", block_size=1, drafts="mars", tree_nodes=0), notes
+    if cfg.tree_nodes and cfg.drafts != "mars" and app_datastore(lm):
+        cfg = replace(cfg, datastore=True)
     trained = lm.trained_block_size
     if cfg.mode != "ar" and trained and cfg.block_size > trained:
         notes.append(f"block size {cfg.block_size} is larger than the {trained} this model was trained with: "

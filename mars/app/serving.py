@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from mars.app.inputs import app_backend, sanitize_text
+from mars.app.inputs import app_backend, app_datastore, sanitize_text
 from mars.app import model_thread
 from mars.core.decoding import DecodeConfig, DecodeControl, stream
 from mars.core.records import PassRecord
@@ -157,6 +157,10 @@ class ModelHolder:
                                backend=app_backend())  # builds the matrices visitors' runs use (int8: its copy)
             for _ in self.passes(lm, ids, cfg, DecodeControl()):
                 pass
+        if app_datastore(lm):  # the datastore's table (~2 s to build), before the first tree needs it
+            from mars.core.datastore import default_store
+
+            default_store()
         return lm
 
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:

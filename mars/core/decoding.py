@@ -95,6 +95,10 @@ class DecodeConfig:
     # (mars.core.tree.group_anchors); None: by the model's device (tree.DEFAULT_TREE_GROUPS: 1 on a CPU, where
     # each group is a gated input that costs time, docs/int8.md; 3 elsewhere, as measured before)
     tree_groups: int | None = None
+    # a tree with lookup drafts: where the text offers no copy of 2+ matched tokens, a chain from the n-gram
+    # table of the default model's own answers to other prompts (mars.core.datastore). Token ids are the
+    # default model's: for another tokenizer it only wastes inputs (the check keeps the text exact)
+    datastore: bool = False
     # what runs the model (mars/core/backends.py): "auto" = "fast" (mars/core/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
@@ -129,6 +133,9 @@ class DecodeConfig:
             raise ValueError("tree nodes need mode 'verified' (the AR check that picks the path)")
         if self.drafts != "mars" and self.mode != "verified":
             raise ValueError(f"drafts {self.drafts!r} needs mode 'verified' (the AR check that keeps copies exact)")
+        self.datastore = bool(self.datastore)
+        if self.datastore and (not self.tree_nodes or self.drafts == "mars"):
+            raise ValueError("datastore drafts need a tree (tree nodes > 0) with drafts 'lookup' or 'both'")
         self.backend = check_choice("backend", self.backend, BACKENDS)
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")

@@ -203,7 +203,13 @@ def make_mode(cfg, lm=None):
         if groups is None:
             model = getattr(lm, "model", None)
             groups = default_tree_groups(model.device.type if hasattr(model, "device") else "cpu")
-        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, groups)
+        store = None
+        if cfg.datastore:  # lm.datastore: a table of the caller's own (tests); else the shipped one
+            from mars.core.datastore import default_store
+
+            store = getattr(lm, "datastore", None) or default_store()
+        vocab = getattr(getattr(getattr(lm, "model", None), "config", None), "vocab_size", None)
+        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, groups, store, vocab)
     if cfg.mode == "verified":
         return VerifiedMode(cfg.verify_groups, temps, cfg.drafts)
     return MODES[cfg.mode]()

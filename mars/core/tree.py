@@ -5,7 +5,9 @@ accepts the prefix the model's own AR choices confirm. Here the pass feeds a tre
 Medusa and EAGLE-2 do, with the mask positions as the draft heads (no extra parameter):
 
   grow_tree   from the previous pass's mask distributions (top-k per depth) and the n-gram lookup's
-              copies (a branch of their own), the N nodes most likely to lie on the accepted path, grown
+              copies (a branch of their own; where the text offers no copy of 2+ matched tokens, a chain from
+              the datastore of the model's own answers, mars.core.datastore, when DecodeConfig.datastore),
+              the N nodes most likely to lie on the accepted path, grown
               best-first by the product of the path's draft probabilities (EAGLE-2's rule). Mask positions
               see only masks, so the candidates at depth d are the same under every parent: a product tree
               (Medusa-style), not EAGLE-2's conditioned one.
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mars.core.acceptance import calibrate_logits, choose_and_score, to_host, top_probs
+from mars.core.datastore import store_values
 from mars.core.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
 from mars.core.masks import tree_depths
 from mars.core.modes import Outcome, RowPlan
@@ -234,13 +237,15 @@ class TreeMode:
     name = "verified"
 
     def __init__(self, nodes: int, groups: str = "last", temperatures=None, drafts: str = "mars",
-                 last_groups: int = 1):
+                 last_groups: int = 1, store=None, vocab: int | None = None):
         self.nodes = nodes  # the node budget N
         self.groups = None if groups == "all" else last_groups  # see the module docstring (DecodeConfig.tree_groups)
         self.temperatures = temperatures
         self.drafts = drafts  # "mars": mask candidates; "lookup": copies only; "both": both, as branches
         self.dists: dict[int, Dists] = {}  # row index -> next pass's candidates per depth
         self.trees: dict[int, DraftTree] = {}  # row index -> the tree its plan sent, until its accept
+        self.store = store  # a mars.core.datastore.Datastore: chains where the text offers no good copy
+        self.vocab = vocab  # the model's vocabulary size: a table built for another tokenizer drafts no id past it
 
     def plan(self, row, cfg, tau) -> RowPlan:
         n = cfg.block_size - 1
@@ -248,15 +253,20 @@ class TreeMode:
         cap = cfg.max_tokens_per_pass - 1 if cfg.max_tokens_per_pass is not None else None
         if cap is not None:
             dists = dists[:cap]
-        copies, share = [], ()
+        copies, share, copy_name = [], (), "lookup"
         if self.drafts != "mars":
             look = lookup_drafts(row.tokens, max_drafts=cap)
             copies, share = look.drafts, ACCEPTED_SHARE.get(look.ngram, ACCEPTED_SHARE[MAX_NGRAM])
+            if self.store is not None and look.ngram < 2:
+                stored, probs = self.store.draft(row.tokens, self.nodes if cap is None else min(cap, self.nodes),
+                                                 self.vocab)
+                if stored and (not copies or store_values(probs)[0] > share[0]):
+                    copies, share, copy_name = stored, store_values(probs), "store"
         tree = grow_tree(dists, copies, self.nodes, tau, share)
         if cap is not None:  # a copy chain can run deeper than the cap: keep the nodes within it
             tree = _prune(tree, cap)
-        sources = {"lookup" if c else "mars" for c in tree.copied}
-        source = "+".join(sorted(sources, reverse=True)) or None  # "mars", "lookup", "mars+lookup"
+        sources = [name for name, used in (("mars", not all(tree.copied)), (copy_name, any(tree.copied))) if used]
+        source = "+".join(sources) or None  # "mars", "lookup", "store", "mars+lookup", "mars+store"
         groups = [] if n < 1 or self.drafts == "lookup" else [(a + 1, n) for a in group_anchors(tree, self.groups)]
         self.trees[row.index] = tree
         return RowPlan(to_verify=tree.tokens, groups=groups, source=source, to_verify_conf=tree.probs,
