@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tree-nodes", default="0",
                    help="verified mode: check a tree of up to N draft tokens per pass (mask candidates and lookup "
                         "copies) instead of one chain; 'auto' = this device's measured best; 0 = one chain (default)")
+    g.add_argument("--datastore", action="store_true",
+                   help="verified mode with a tree and lookup drafts: where the text offers no copy, a chain from the "
+                        "n-gram table of the default model's own answers (mars.core.datastore; the app's default)")
     g.add_argument("--tree-groups", type=int, default=None,
                    help="verified mode with a tree and --verify-groups last: mask groups on this many of the nodes "
                         "likeliest to end the path (default: by device, 1 on a CPU, 3 on a GPU)")
@@ -372,7 +375,7 @@ def cmd_generate(args) -> int:
         cache_block=args.cache_block, use_cache=not args.no_cache, stop_strings=tuple(args.stop),
         temperature=args.temperature, seed=args.seed, verify_groups=args.verify_groups, drafts=args.drafts,
         backend=args.backend, tree_nodes=tree_nodes_arg(args.tree_nodes, lm.model, args.mode),
-        tree_groups=args.tree_groups, **_repeat_tau(args),
+        tree_groups=args.tree_groups, datastore=args.datastore, **_repeat_tau(args),
     )
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):

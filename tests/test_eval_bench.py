@@ -95,6 +95,22 @@ def test_bench_also_backends_run_each_core_method_on_each_backend(tiny_lm):
     assert [m for m, _ in _plan(mixed)] == ["ar", "verified_tree:2", "verified_tree:5", "verified_tree_last:3"]
     with pytest.raises(ValueError, match="unknown methods"):
         BenchConfig(["x"], methods=("verified_tree:x",))
+
+
+def test_bench_tree_with_the_datastore_keeps_ar_text(tiny_lm, monkeypatch):
+    """verified_tree_store: the tree with datastore chains (here a table of the tiny model's own answers); lossless."""
+    from mars.core.datastore import Datastore
+    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+
+    prompts = ["what is the capital of france ?", "add 2 + 3"]
+    ids = [encode_prompt(tiny_lm.tokenizer, p) for p in prompts]
+    own = [p + generate_ids(tiny_lm, [p], DecodeConfig(mode="ar", max_new_tokens=12))[0].token_ids for p in ids]
+    monkeypatch.setattr(tiny_lm, "datastore", Datastore.from_sequences(own, min_count=1), raising=False)
+    cfg = BenchConfig(prompts, methods=("ar", "verified_tree_store:4", "verified_tree_last:4"), max_new_tokens=12,
+                      backend="fast")
+    runs = {r.method: r for r in run_bench(tiny_lm, cfg)}
+    assert runs["verified_tree_store:4"].exact_match_with_ar == runs["verified_tree_last:4"].exact_match_with_ar == 1.0
+    assert runs["verified_tree_store:4"].passes < runs["verified_tree_last:4"].passes
     with pytest.raises(ValueError, match="unknown backends"):
         BenchConfig(["x"], also_backends=("fast-int4",))
 

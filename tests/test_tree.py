@@ -273,6 +273,12 @@ def test_cli_generate_takes_tree_nodes(tiny_dir, capsys):
     assert main(["generate", "hi", "--model", str(tiny_dir), "--adapter", "none", "--mode", "verified",
                  "--tree-nodes", "many"]) == 2
     assert "--tree-nodes must be a whole number or 'auto'" in capsys.readouterr().err
+    assert main(["generate", "hi", "--model", str(tiny_dir), "--adapter", "none", "--mode", "verified",
+                 "--datastore"]) == 2  # a datastore needs a tree and lookup drafts
+    assert "datastore drafts need a tree" in capsys.readouterr().err
+    assert main(["generate", "tell me a word", "--model", str(tiny_dir), "--adapter", "none", "--mode", "verified",
+                 "--tree-nodes", "4", "--drafts", "both", "--datastore", "--max-new-tokens", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["config"]["datastore"] is True
     assert main(["generate", "tell me a word", "--model", str(tiny_dir), "--adapter", "none", "--mode", "verified",
                  "--tree-nodes", "4", "--tree-groups", "2", "--max-new-tokens", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["config"]["tree_groups"] == 2

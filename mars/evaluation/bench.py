@@ -15,7 +15,9 @@ Methods, all on the same prompts and model:
          (mars.core.modes.prefer_lookup); one mask group after the drafts, as verified_last
   verified_tree   the same lossless check on a tree of drafts (mars.core.tree): mask candidates and lookup
          copies, N nodes a pass for each N of `tree_nodes` (a run named verified_tree:N), a mask group on every
-         node; verified_tree_last: groups only on the few nodes likeliest to end the path (narrower passes)
+         node; verified_tree_last: groups only on the few nodes likeliest to end the path (narrower passes);
+         verified_tree_store: verified_tree_last with the datastore's chains (mars.core.datastore; the default
+         model's token ids)
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
 `also_backends` runs the core's methods again on other backends (`ar@fast-int8`, ...), interleaved, all
 against the one AR baseline on `backend`: their speed and their text's agreement with it in one table.
@@ -36,11 +38,12 @@ from mars.core.decoding import DEFAULT_CACHE_BLOCK, DEFAULT_REPEAT_TAU
 from mars.core.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both",
-           "verified_tree", "verified_tree_last", "jacobi")
+           "verified_tree", "verified_tree_last", "verified_tree_store", "jacobi")
 # the core's verified variants: method -> (verify_groups, drafts)
 VERIFIED = {"verified": ("all", "mars"), "verified_last": ("last", "mars"), "verified_lookup": ("last", "lookup"),
-            "verified_both": ("last", "both"), "verified_tree": ("all", "both"), "verified_tree_last": ("last", "both")}
-TREES = ("verified_tree", "verified_tree_last")  # run once per node budget, as "<method>:<N>"
+            "verified_both": ("last", "both"), "verified_tree": ("all", "both"), "verified_tree_last": ("last", "both"),
+            "verified_tree_store": ("last", "both")}
+TREES = ("verified_tree", "verified_tree_last", "verified_tree_store")  # run once per node budget, as "<method>:<N>"
 
 
 @dataclass
@@ -190,7 +193,8 @@ def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend=
     groups, drafts = VERIFIED.get(mode, ("all", "mars"))
     cfg = DecodeConfig(mode="verified" if mode in VERIFIED else mode, tau=1.0 if tau is None else tau,
                        block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
-                       verify_groups=groups, drafts=drafts, tree_nodes=int(nodes or 0), repeat_tau=repeat_tau)
+                       verify_groups=groups, drafts=drafts, tree_nodes=int(nodes or 0), repeat_tau=repeat_tau,
+                       datastore=mode == "verified_tree_store")
     runs = generate_ids(lm, batch, cfg)
     return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
