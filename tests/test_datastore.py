@@ -81,3 +81,34 @@ def test_the_shipped_store_predicts_the_models_held_out_answers():
                 right += d[0] == seq[i]
     assert drafted > 0.5 * sum(len(r["response_ids"]) for r in held)
     assert right / drafted > 0.3
+
+
+def test_missing_or_corrupt_files_turn_the_datastore_off_not_the_app(tmp_path, monkeypatch):
+    from mars.core import datastore
+
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(OSError):
+        Datastore.from_files([bad])
+    with pytest.raises(FileNotFoundError):
+        Datastore.from_files([tmp_path / "absent.jsonl"])
+    monkeypatch.setattr(datastore, "_DEFAULT", None)
+    monkeypatch.setattr(datastore, "_DEFAULT_ERROR", None)
+    monkeypatch.setattr(datastore, "DEFAULT_SOURCES", ("absent.jsonl",))
+    with pytest.warns(UserWarning, match="datastore drafts off"):
+        assert datastore.shipped_store() is None
+    assert datastore.shipped_store() is None  # once: no second warning, no second try
+
+
+def test_app_uses_the_datastore_for_the_default_model_only(tiny_lm, monkeypatch):
+    from dataclasses import replace
+
+    from mars.app.inputs import fit_to_model, make_config
+
+    cfg = make_config("verified", 0.0, 2, 16, tree_nodes=4)
+    assert fit_to_model(tiny_lm, cfg)[0].datastore is False  # the tiny model: not the table's tokenizer
+    monkeypatch.setattr(tiny_lm, "name", "smollm2")
+    assert fit_to_model(tiny_lm, cfg)[0].datastore is True
+    assert fit_to_model(tiny_lm, replace(cfg, tree_nodes=0))[0].datastore is False  # the chain: no tree
+    monkeypatch.setenv("MARS_DATASTORE", "0")
+    assert fit_to_model(tiny_lm, cfg)[0].datastore is False

@@ -48,10 +48,13 @@ def mode_block(mode: str, lm=None) -> int:
 
 def app_datastore(lm) -> bool:
     """Whether a tree also drafts from the datastore (mars.core.datastore): for the default model, whose
-    own answers the table holds, unless MARS_DATASTORE=0."""
+    own answers the table holds, unless MARS_DATASTORE=0 or its files cannot be read. The first call builds
+    the table (~4 s): the server's warm-up makes it."""
+    from mars.core.datastore import shipped_store
     from mars.models.loading import DEFAULT_MODEL
 
-    return lm.name == DEFAULT_MODEL and os.environ.get("MARS_DATASTORE", "1") != "0"
+    return (lm.name == DEFAULT_MODEL and os.environ.get("MARS_DATASTORE", "1") != "0"
+            and shipped_store() is not None)  # missing or corrupt files: off, with one warning
 
 
 def app_tree_nodes() -> int:

@@ -157,10 +157,7 @@ class ModelHolder:
                                backend=app_backend())  # builds the matrices visitors' runs use (int8: its copy)
             for _ in self.passes(lm, ids, cfg, DecodeControl()):
                 pass
-        if app_datastore(lm):  # the datastore's table (~2 s to build), before the first tree needs it
-            from mars.core.datastore import default_store
-
-            default_store()
+        app_datastore(lm)  # builds the datastore's table (~4 s) before the first tree needs it
         return lm
 
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -147,11 +148,26 @@ def store_values(probs: list[float]) -> list[float]:
 
 
 _DEFAULT: Datastore | None = None
+_DEFAULT_ERROR: str | None = None
 
 
 def default_store() -> Datastore:
-    """The table over the shipped self-distillation sets (2.8 M entries, ~45 MB), built once per process (~4 s)."""
+    """The table over the shipped self-distillation sets (2.8 M entries, ~45 MB), built once per process (~4 s).
+    Raises OSError / ValueError where the files are missing or unreadable (`shipped_store` does not)."""
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = Datastore.from_files(root=Path(__file__).resolve().parents[2])
+        _DEFAULT = Datastore.from_files(DEFAULT_SOURCES, root=Path(__file__).resolve().parents[2])
     return _DEFAULT
+
+
+def shipped_store() -> Datastore | None:
+    """default_store(), or None (once, with a warning) where its files are missing or corrupt: the tree then
+    drafts from the masks and the text alone."""
+    global _DEFAULT_ERROR
+    if _DEFAULT_ERROR is None:
+        try:
+            return default_store()
+        except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
+            _DEFAULT_ERROR = f"{type(e).__name__}: {e}"
+            warnings.warn(f"datastore drafts off: could not read {', '.join(DEFAULT_SOURCES)} ({_DEFAULT_ERROR})")
+    return None

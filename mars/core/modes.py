@@ -205,9 +205,9 @@ def make_mode(cfg, lm=None):
             groups = default_tree_groups(model.device.type if hasattr(model, "device") else "cpu")
         store = None
         if cfg.datastore:  # lm.datastore: a table of the caller's own (tests); else the shipped one
-            from mars.core.datastore import default_store
+            from mars.core.datastore import shipped_store
 
-            store = getattr(lm, "datastore", None) or default_store()
+            store = getattr(lm, "datastore", None) or shipped_store()  # None: files unreadable, masks and text only
         vocab = getattr(getattr(getattr(lm, "model", None), "config", None), "vocab_size", None)
         return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, groups, store, vocab)
     if cfg.mode == "verified":
