@@ -83,8 +83,8 @@ VERIFIED_INFO = ("Verified: the model checks last pass's drafts itself, so the t
                  "text = drafts it rejected. Each pass's drafts come from the mask positions or are copied from "
                  "the prompt and text so far (n-gram lookup), whichever is likelier to be accepted; with the default "
                  "model a tree also takes chains from a table of its own answers to other prompts (the "
-                 "datastore); the pass inspector says which. In verified mode τ only chooses which mask drafts are sent to be "
-                 "checked (0 = all, the fastest), never what is accepted.")
+                 "datastore); the pass inspector says which. In verified mode τ only chooses which mask drafts "
+                 "are sent to be checked (0 = all, the fastest), never what is accepted.")
 
 
 class MarsApp:

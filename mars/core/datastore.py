@@ -16,8 +16,6 @@ its probability; the chain stops at the first suffix unseen or below MIN_SHARE.
 
 from __future__ import annotations
 
-import gzip
-import json
 import warnings
 from pathlib import Path
 
@@ -105,12 +103,9 @@ class Datastore:
     @classmethod
     def from_files(cls, paths=DEFAULT_SOURCES, root: Path | None = None) -> "Datastore":
         """From self-distillation files (JSON lines, gzipped or not, each with `response_ids`)."""
-        seqs = []
-        for p in paths:
-            p = Path(root or ".") / p
-            with (gzip.open(p, "rt") if p.suffix == ".gz" else open(p)) as f:
-                seqs += [json.loads(line)["response_ids"] for line in f if line.strip()]
-        return cls.from_sequences(seqs)
+        from mars.training.data import read_jsonl  # the datasets' one reader (corrupt lines: ValueError)
+
+        return cls.from_sequences([row["response_ids"] for p in paths for row in read_jsonl(Path(root or ".") / p)])
 
     def next_token(self, tokens: list[int]) -> tuple[int, float] | None:
         """After the longest suffix of tokens (up to `order`) that the table knows."""

@@ -45,7 +45,8 @@ class PassRecord:
     token_texts: list[str] | None = None
     rejected_texts: list[str] | None = None
     drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
-    draft_source: str | None = None  # verified: where the drafts sent came from: "mars", "lookup", "store" or a tree's "+" of them
+    # verified: where the drafts sent came from: "mars", "lookup", "store", or a tree's "mars+lookup" / "mars+store"
+    draft_source: str | None = None
     # verified with tree drafts (mars.core.tree): the distinct candidates checked at each depth, likeliest
     # first, and the accepted path's draft at each depth (the pass then adds the model's own next token)
     tree_depths: list[list[int]] | None = None

@@ -260,8 +260,9 @@ class TreeMode:
             if self.store is not None and look.ngram < 2:
                 stored, probs = self.store.draft(row.tokens, self.nodes if cap is None else min(cap, self.nodes),
                                                  self.vocab)
-                if stored and (not copies or store_values(probs)[0] > share[0]):
-                    copies, share, copy_name = stored, store_values(probs), "store"
+                values = store_values(probs)
+                if stored and (not copies or values[0] > share[0]):
+                    copies, share, copy_name = stored, values, "store"
         tree = grow_tree(dists, copies, self.nodes, tau, share)
         if cap is not None:  # a copy chain can run deeper than the cap: keep the nodes within it
             tree = _prune(tree, cap)
