@@ -193,6 +193,10 @@ class MarsApp:
         rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
                 ("mask token", mask), ("adapter", adapter), ("device", d["device"]), ("dtype", d["dtype"]),
                 ("backend", backend_label(lm))]
+        costs = next(iter(getattr(lm, "pass_costs", {}).values()), None)  # measured at warm-up (inputs.app_pass_costs)
+        if costs and len(costs) > 1:
+            rows.append(("tree size", f"an input more costs +{100 * (costs[1] - costs[0]):.0f}% of a pass here "
+                         "(measured at start-up): each tree sends only the nodes that pay for it"))
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banner, table = viz.render_model_html(rows, notes)
         return banner, table, mode_block(_page_mode(mode), lm), gr.update(active=False)

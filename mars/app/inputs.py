@@ -7,6 +7,7 @@ adds only the server's lower caps (MAX_BLOCK, MARS_MAX_NEW_TOKENS, MARS_MAX_PROM
 
 from __future__ import annotations
 
+import logging
 import os
 
 from mars.core.decoding import DEFAULT_CACHE_BLOCK, DecodeConfig, check_choice, check_context, check_int, encode_prompt
@@ -55,6 +56,24 @@ def app_datastore(lm) -> bool:
 
     return (lm.name == DEFAULT_MODEL and os.environ.get("MARS_DATASTORE", "1") != "0"
             and shipped_store() is not None)  # missing or corrupt files: off, with one warning
+
+
+def app_pass_costs(lm, backend: str) -> tuple[float, ...] | None:
+    """This machine's pass costs by inputs for `lm` on `backend` (mars.core.costs), measured once (~0.5 s, on the
+    caller's thread: the app's model thread) and kept on the model; None where the app sends no tree (a GPU, a
+    model without a mask token) or MARS_TREE_CUT=0 (every tree sends its N nodes)."""
+    if os.environ.get("MARS_TREE_CUT", "1") == "0" or lm.mask_token_id is None or not app_tree_nodes() \
+            or not isinstance(getattr(lm, "pass_costs", None), dict):
+        return None
+    if backend not in lm.pass_costs:
+        from mars.core.costs import measure_pass_costs
+
+        try:
+            lm.pass_costs[backend] = measure_pass_costs(lm, backend)
+        except Exception:  # noqa: BLE001 - a speed setting: without it trees send all N nodes, the app serves on
+            logging.getLogger("mars.app").exception("could not measure the pass costs: trees send all their nodes")
+            return None
+    return lm.pass_costs[backend]
 
 
 def app_tree_nodes() -> int:
@@ -225,6 +244,9 @@ def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
         return replace(cfg, mode="ar", block_size=1, drafts="mars", tree_nodes=0), notes
     if cfg.tree_nodes and cfg.drafts != "mars" and app_datastore(lm):
         cfg = replace(cfg, datastore=True)
+    costs = getattr(lm, "pass_costs", {}).get(cfg.backend)  # measured at warm-up (app_pass_costs)
+    if cfg.tree_nodes and cfg.pass_costs is None and costs:
+        cfg = replace(cfg, pass_costs=costs)  # each pass sends only the nodes that pay for their inputs here
     trained = lm.trained_block_size
     if cfg.mode != "ar" and trained and cfg.block_size > trained:
         notes.append(f"block size {cfg.block_size} is larger than the {trained} this model was trained with: "

@@ -22,8 +22,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from mars.app.inputs import app_backend, app_datastore, sanitize_text
+from mars.app.inputs import app_backend, app_datastore, app_pass_costs, sanitize_text
 from mars.app import model_thread
+from mars.core.backends import resolve_backend
 from mars.core.decoding import DecodeConfig, DecodeControl, stream
 from mars.core.records import PassRecord
 
@@ -158,6 +159,8 @@ class ModelHolder:
             for _ in self.passes(lm, ids, cfg, DecodeControl()):
                 pass
         app_datastore(lm)  # builds the datastore's table (~4 s) before the first tree needs it
+        backend = resolve_backend(lm.model, app_backend())
+        self.pass_slot.run(app_pass_costs, lm, backend)  # what a wider pass costs here: trees follow it
         return lm
 
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:

@@ -99,6 +99,10 @@ class DecodeConfig:
     # table of the default model's own answers to other prompts (mars.core.datastore). Token ids are the
     # default model's: for another tokenizer it only wastes inputs (the check keeps the text exact)
     datastore: bool = False
+    # a tree: a pass's cost by inputs, relative to one input (index w-1: w inputs; mars.core.costs measures
+    # them); each pass then sends only the first k of its N nodes that give the most expected tokens per unit
+    # of time (mars.core.tree.best_cut). None: all N. The text is the same either way (the check)
+    pass_costs: tuple[float, ...] | None = None
     # what runs the model (mars/core/backends.py): "auto" = "fast" (mars/core/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
@@ -136,6 +140,10 @@ class DecodeConfig:
         self.datastore = bool(self.datastore)
         if self.datastore and (not self.tree_nodes or self.drafts == "mars"):
             raise ValueError("datastore drafts need a tree (tree nodes > 0) with drafts 'lookup' or 'both'")
+        if self.pass_costs is not None:
+            self.pass_costs = check_costs(self.pass_costs)
+            if not self.tree_nodes:
+                raise ValueError("pass costs need a tree (tree nodes > 0): they decide how many of its nodes a pass sends")
         self.backend = check_choice("backend", self.backend, BACKENDS)
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")
@@ -146,6 +154,14 @@ def check_tau(value, name: str = "tau") -> float:
     if not is_finite_number(value) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{name} must be a number between 0 and 1, got {_short(value)}")
     return float(value)
+
+
+def check_costs(value) -> tuple[float, ...]:
+    """Pass costs by inputs: 1 to MAX_TREE_NODES + 64 numbers, each finite and above 0."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not 1 <= len(value) <= MAX_TREE_NODES + 64 \
+            or not all(is_finite_number(c) and c > 0 for c in value):
+        raise ValueError(f"pass costs must be a list of 1 to {MAX_TREE_NODES + 64} numbers above 0, got {_short(value)}")
+    return tuple(float(c) for c in value)
 
 
 def check_int(name: str, value, lo: int, hi: int) -> int:

@@ -97,8 +97,11 @@ class DraftTree:
 Dists = list[tuple[list[int], list[float]]]  # per depth: (top tokens, their probabilities), likeliest first
 
 
-def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, copy_share=()) -> DraftTree:
-    """The `budget` nodes with the highest path values, best first.
+def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, copy_share=(), costs=None,
+              width=None) -> DraftTree:
+    """The `budget` nodes with the highest path values, best first; with `costs` (relative pass cost by
+    inputs, DecodeConfig.pass_costs) only as many of them as pay for their inputs (best_cut; `width(k)`: the
+    pass's inputs with k nodes, 1 + k without mask groups).
 
     dists[d-1]: the candidates for depth d (a mask position's top tokens); a mask node's value is its
     parent's times its probability, and only candidates with probability >= tau enter (tau >= 1: none).
@@ -172,7 +175,35 @@ def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, co
         push_masks(node, (1 if parent < 0 else _depth(tree, parent) + 1) + 1, -neg)
         if k >= 0:
             push_copy(node, k + 1)
+    if costs is not None:  # nodes entered best first, each after its parent: any first k are a tree
+        k = best_cut(tree.values, costs, width or (lambda n: 1 + n))
+        tree = DraftTree(tree.tokens[:k], tree.parents[:k], tree.values[:k], tree.probs[:k], tree.copied[:k])
     return depth_first(tree)
+
+
+def pass_cost(costs, width: int) -> float:
+    """A pass of `width` inputs, relative to one input, from `costs` (index w-1: w inputs); past the table's
+    end its last step goes on (never down)."""
+    if width <= len(costs):
+        return costs[width - 1]
+    step = max(costs[-1] - costs[-2], 0.0) if len(costs) > 1 else 0.0
+    return costs[-1] + step * (width - len(costs))
+
+
+def best_cut(values: list[float], costs, width) -> int:
+    """How many nodes to send, of `values` in the order they entered the tree: the k with the most expected
+    tokens per unit of pass time, (1 + values[0] + ... + values[k-1]) / cost(width(k)). A node's value is the
+    chance that it lies on the accepted path (calibrated: docs/tree.md), so the sum is the expected accepted
+    drafts and the 1 the model's own token after them. Where a wider pass costs what a narrow one does (a
+    GPU, AMX) every node pays; where each input costs time (2 cores without AMX: +0.8 ms on a 5 ms pass) a
+    node worth a few percent does not."""
+    best_k, best, total = 0, 1.0 / pass_cost(costs, width(0)), 1.0
+    for k, v in enumerate(values, 1):
+        total += v
+        rate = total / pass_cost(costs, width(k))
+        if rate > best:
+            best_k, best = k, rate
+    return best_k
 
 
 def _depth(tree: DraftTree, node: int) -> int:
@@ -237,8 +268,9 @@ class TreeMode:
     name = "verified"
 
     def __init__(self, nodes: int, groups: str = "last", temperatures=None, drafts: str = "mars",
-                 last_groups: int = 1, store=None, vocab: int | None = None):
+                 last_groups: int = 1, store=None, vocab: int | None = None, costs=None):
         self.nodes = nodes  # the node budget N
+        self.costs = costs  # relative pass cost by inputs: send only the nodes that pay (best_cut); None: all N
         self.groups = None if groups == "all" else last_groups  # see the module docstring (DecodeConfig.tree_groups)
         self.temperatures = temperatures
         self.drafts = drafts  # "mars": mask candidates; "lookup": copies only; "both": both, as branches
@@ -263,7 +295,9 @@ class TreeMode:
                 values = store_values(probs)
                 if stored and (not copies or values[0] > share[0]):
                     copies, share, copy_name = stored, values, "store"
-        tree = grow_tree(dists, copies, self.nodes, tau, share)
+        n_groups = 0 if n < 1 or self.drafts == "lookup" else self.groups
+        tree = grow_tree(dists, copies, self.nodes, tau, share, self.costs,
+                         lambda k: 1 + k + n * (k + 1 if n_groups is None else min(n_groups, k + 1)))
         if cap is not None:  # a copy chain can run deeper than the cap: keep the nodes within it
             tree = _prune(tree, cap)
         sources = [name for name, used in (("mars", not all(tree.copied)), (copy_name, any(tree.copied))) if used]

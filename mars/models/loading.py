@@ -51,6 +51,8 @@ class LoadedModel:
     trained_block_size: int | None  # from the adapter's mars.json, when known
     warnings: list[str] = field(default_factory=list)
     calibration: dict | None = None  # mars.json "calibration": {"temperatures": [T_1, ...]} per mask index
+    # backend -> a pass's relative cost by inputs on this machine (mars.core.costs), measured by the app's warm-up
+    pass_costs: dict = field(default_factory=dict)
 
     @property
     def default_block_size(self) -> int:

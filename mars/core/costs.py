@@ -1,0 +1,89 @@
+"""What a wider pass costs on this machine, measured: the tree's node budget follows it (DecodeConfig.pass_costs).
+
+A tree pass pays for every input it sends, and how much depends on the machine, not the model: on two cores
+with AMX a pass of 8 inputs cost about what one input costs, on two AVX-512 cores without it (AMD EPYC) each
+input past the first adds ~0.8 ms to a 5 ms int8 pass (scripts/kernel_ab.py --stages: 1 input 5.07 ms, 4
+inputs 6.81, 8 inputs 10.71). A fixed budget is right for one of them only. So the app times a few passes of
+each width once, at warm-up, and every tree then sends the nodes that pay for their inputs (tree.best_cut).
+
+The passes are the tree's own shape: the last real token, drafts as real tokens, one mask (the gated
+adapter's row, as a tree's one mask group at B 2), every input's logits read, over a cached context of
+`context` tokens, KV dropped after each. Widths interleave round by round, so a load that comes and goes
+falls on all. A least-squares line through the medians gives the table: one slow round cannot make
+width 3 look dearer than width 4, and the cut needs only the slope.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from mars.core.cache import BlockCache
+
+
+def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds: int = 5) -> dict[int, float]:
+    """Median seconds of a pass of each width over a cached context (one row, batch 1)."""
+    vocab = lm.model.config.vocab_size
+    prompt = [(1000 + 7 * i) % vocab for i in range(context)]
+    cache = BlockCache(lm.model, backend, context, [0], context + max(widths) + 1, context, True)
+    with torch.inference_mode():
+        n = context
+        cache.forward(torch.tensor([prompt]), torch.arange(n)[None], torch.ones(1, n, n, dtype=torch.bool).tril(),
+                      [n - 1])
+        cache.commit([n], [n])  # the context's KV, all but its last token: every pass feeds that one first
+        times: dict[int, list[float]] = {w: [] for w in widths}
+        for r in range(rounds + 1):  # round 0 warms each width's kernels up and is not counted
+            for w in widths:
+                ids = [prompt[-1]] + [prompt[(j * 13) % n] for j in range(w - 1)]
+                if w > 1 and lm.mask_token_id is not None:
+                    ids[-1] = lm.mask_token_id
+                local = torch.ones(1, w, w, dtype=torch.bool).tril()
+                t0 = time.perf_counter()
+                cache.forward(torch.tensor([ids]), torch.arange(n - 1, n - 1 + w)[None], local, list(range(w)))
+                took = time.perf_counter() - t0
+                cache.commit([n], [n])  # drop the pass's KV: the next pass sees the same context
+                if r:
+                    times[w].append(took)
+    return {w: statistics.median(t) for w, t in times.items()}
+
+
+def fit_costs(medians: dict[int, float], max_width: int) -> tuple[float, ...]:
+    """Relative costs for widths 1..max_width from measured medians: the least-squares line a + b (w - 1),
+    its slope kept at 0 or more, divided by its value at one input."""
+    ws = sorted(medians)
+    if len(ws) == 1:
+        return (1.0,) * max_width
+    xs, ys = [w - 1 for w in ws], [medians[w] for w in ws]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs))
+    base = my - slope * mx
+    if base <= 0:  # a line through noise can cross zero: then call every width the same
+        return (1.0,) * max_width
+    return tuple(1.0 + slope * (w - 1) / base for w in range(1, max_width + 1))
+
+
+def host_seconds(lm, backend: str, context: int = 128, passes: int = 12) -> float:
+    """Median seconds of a whole AR decoding step (the decoder's host work: plan, score, accept, records) over
+    the same context, minus nothing: the caller subtracts the forward's own time."""
+    from mars.core.decoding import DecodeConfig, generate_ids
+
+    vocab = lm.model.config.vocab_size
+    prompt = [(1000 + 7 * i) % vocab for i in range(context)]
+    cfg = DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=passes, backend=backend)
+    steps = generate_ids(lm, [prompt], cfg)[0].steps[1:]  # the first pass runs the prompt
+    return statistics.median(s.seconds for s in steps) if steps else 0.0
+
+
+def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128, rounds: int = 5) -> tuple[float, ...]:
+    """Relative costs of a decoding step by inputs, widths 1..max_width, on this machine (DecodeConfig.pass_costs):
+    the forward's time by width plus the decoder's host work around it, which every pass pays alike (an int8
+    AR step here: 4.2 ms forward, ~1.2 ms around it). ~0.5 s for the default int8 model on two cores."""
+    limit = getattr(lm.model.config, "max_position_embeddings", None)
+    if limit:  # a short-context model: a context it can hold with the passes and the AR steps after it
+        context = max(1, min(context, limit // 2))
+    widths = sorted({1, 2, 3, 4, max(2, max_width // 2 + 1), max_width})
+    forward = time_widths(lm, backend, widths, context, rounds)
+    host = max(0.0, host_seconds(lm, backend, context) - forward[1])
+    return fit_costs({w: t + host for w, t in forward.items()}, max_width)
