@@ -194,9 +194,10 @@ class MarsApp:
                 ("mask token", mask), ("adapter", adapter), ("device", d["device"]), ("dtype", d["dtype"]),
                 ("backend", backend_label(lm))]
         costs = next(iter(getattr(lm, "pass_costs", {}).values()), None)  # measured at warm-up (inputs.app_pass_costs)
-        if costs and len(costs) > 1:
-            rows.append(("tree size", f"an input more costs +{100 * (costs[1] - costs[0]):.0f}% of a pass here "
-                         "(measured at start-up): each tree sends only the nodes that pay for it"))
+        if costs is not None and len(costs.by_width) > 1:
+            rows.append(("tree size", f"measured at start-up: an input more costs +{100 * (costs.by_width[1] - 1):.0f}% "
+                         f"of a one-input pass here, mask inputs +{100 * costs.group:.0f}% on top; each tree sends "
+                         "only the nodes, and the mask group only while its drafts, that pay for it"))
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden
         banner, table = viz.render_model_html(rows, notes)
         return banner, table, mode_block(_page_mode(mode), lm), gr.update(active=False)

@@ -3,12 +3,13 @@
 A shape is B/N[/tau][s][c]: block size B (B-1 masks per group), a tree of up to N draft nodes (0: one chain)
 with one mask group, both draft sources, the verified mode's tau (drafts below it are not sent; default 0),
 with "s" the datastore's chains (mars.core.datastore), with "c" only the nodes that pay for their inputs at
-this machine's pass costs (measured once here, mars.core.costs; DecodeConfig.pass_costs).
+this machine's pass costs (measured once here, mars.core.costs; DecodeConfig.pass_costs), with "g" as "c" and
+the mask group too only while its drafts pay for it (DecodeConfig.group_cost).
 Every shape runs on each prompt before the next prompt, round by round, so a change in the machine's load
 falls on all alike. Prints tokens/s, ms per pass, tokens per pass and the speed against AR's.
 
     PYTHONPATH=. python scripts/tree_shapes.py 2/4 2/6 3/4 3/6 2/4/0.1 --prompts 0 3 7 11 15 19 23 27
-    PYTHONPATH=. python scripts/tree_shapes.py 2/2s 2/4s 2/4sc 2/8sc --rounds 2
+    PYTHONPATH=. python scripts/tree_shapes.py 2/2s 2/4s 2/4sc 2/4sg 1/4sc --rounds 2
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ def config(spec: str, max_new: int, backend: str, costs=None):
 
     if spec == "ar":
         return DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=max_new, backend=backend)
-    cut = spec.endswith("c")  # "2/8sc": only the nodes that pay for their inputs (mars.core.tree.best_cut)
-    spec = spec.removesuffix("c")
+    group = spec.endswith("g")  # "2/8sg": nodes and the mask group by their worth (mars.core.tree.TreeMode._cut)
+    cut = group or spec.endswith("c")  # "2/8sc": only the nodes that pay for their inputs (mars.core.tree.best_cut)
+    spec = spec.removesuffix("c").removesuffix("g")
     store = spec.endswith("s")  # "2/4s": with the datastore's chains (mars.core.datastore)
     block, nodes, *tau = spec.removesuffix("s").split("/")
     return DecodeConfig(mode="verified", tau=float(tau[0]) if tau else 0.0, block_size=int(block),
                         max_new_tokens=max_new, backend=backend, verify_groups="last", drafts="both",
-                        tree_nodes=int(nodes), datastore=store, pass_costs=costs if cut else None)
+                        tree_nodes=int(nodes), datastore=store, pass_costs=costs.by_width if cut else None,
+                        group_cost=costs.group if group else None)
 
 
 def main(argv=None) -> int:
@@ -53,12 +56,12 @@ def main(argv=None) -> int:
     texts = read_prompts("data/prompts/heldout.jsonl")
     ids = [encode_prompt(lm.tokenizer, texts[i]) for i in args.prompts]
     costs = None
-    if any(spec.endswith("c") for spec in args.shapes):
+    if any(spec.endswith(("c", "g")) for spec in args.shapes):
         from mars.core.costs import measure_pass_costs
 
         measure_pass_costs(lm, args.backend)  # warm-up
         costs = measure_pass_costs(lm, args.backend)  # past its 8 inputs, tree.pass_cost extends the line
-        print("pass costs by inputs:", " ".join(f"{c:.2f}" for c in costs))
+        print("pass costs by inputs:", " ".join(f"{c:.2f}" for c in costs.by_width), f"mask inputs +{costs.group:.2f}")
     cfgs = {spec: config(spec, args.max_new_tokens, args.backend, costs) for spec in ["ar", *args.shapes]}
     for cfg in cfgs.values():  # warm-up: the backend's matrices, the kernels
         generate_ids(lm, [ids[0]], cfg)

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from mars.core.backends import resolve_backend
-from mars.core.costs import fit_costs, measure_pass_costs
+from mars.core.costs import PassCosts, fit_costs, measure_pass_costs
 from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.core.tree import best_cut, grow_tree, pass_cost
+from mars.core.tree import EXPLORE_EVERY, GAIN_PASSES, TreeMode, best_cut, grow_tree, pass_cost
 
 PROMPTS = ["what is the capital of france ?", "write a long sentence about the water and the earth and the air"]
 
@@ -66,6 +66,32 @@ def test_pass_costs_are_checked_once_in_the_config():
             DecodeConfig(mode="verified", tree_nodes=4, pass_costs=bad)
     with pytest.raises(ValueError, match="pass costs need a tree"):
         DecodeConfig(mode="verified", pass_costs=[1, 2])
+    assert DecodeConfig(mode="verified", tree_nodes=4, pass_costs=[1, 2], group_cost=0).group_cost == 0.0
+    for bad in (-0.1, float("inf"), "0.2", True):
+        with pytest.raises(ValueError, match="group cost must be a number of 0 or more"):
+            DecodeConfig(mode="verified", tree_nodes=4, pass_costs=[1, 2], group_cost=bad)
+    with pytest.raises(ValueError, match="group cost needs pass costs"):
+        DecodeConfig(mode="verified", tree_nodes=4, group_cost=0.2)
+
+
+def test_the_mask_group_goes_while_its_measured_worth_pays_for_it():
+    costs = tuple(1 + 0.15 * w for w in range(12))
+    values = [0.9, 0.6, 0.1]
+    mode = TreeMode(4, "last", costs=costs, group_cost=0.12)
+    assert mode._cut(values, 1, 1, 0)[1] is True  # worth not measured yet: the group goes
+    mode.gain[0], mode.gain_n[0] = 0.1, GAIN_PASSES
+    k, group = mode._cut(values, 1, 1, 0)
+    # 0.1 tokens a pass do not pay for a mask input and its +0.12: it stays out, and k is the cut without it
+    assert group is False and k == best_cut(values, costs, lambda j: 1 + j)
+    mode.gain[0] = 2.0  # drafts that the masks alone find, two a pass: worth their inputs
+    assert mode._cut(values, 1, 1, 0)[1] is True
+    mode.gain[0] = 0.0  # worth nothing: out, but sent once in EXPLORE_EVERY passes so it stays measured
+    sent = [mode._cut(values, 1, 1, 0)[1] for _ in range(2 * EXPLORE_EVERY)]
+    assert sent.count(True) == 2 and sent[EXPLORE_EVERY - 1] and sent[2 * EXPLORE_EVERY - 1]
+    free = TreeMode(4, "last", costs=(1.0,), group_cost=0.0)  # inputs and masks cost nothing: it always goes
+    free.gain[0], free.gain_n[0] = 0.0, GAIN_PASSES
+    assert free._cut(values, 1, 1, 0) == (3, True)
+    assert TreeMode(4, "last", costs=costs)._cut(values, 1, 1, 0)[1] is True  # no group cost: never weighed
 
 
 @pytest.mark.parametrize("drafts", ["mars", "both"])
@@ -76,14 +102,15 @@ def test_a_cut_tree_keeps_ar_text_and_sends_what_the_costs_allow(tiny_lm, drafts
     base = DecodeConfig(mode="verified", tau=0.0, block_size=3, tree_nodes=8, drafts=drafts, verify_groups="last",
                         max_new_tokens=32)
 
-    def runs(costs):
-        cfg = replace(base, pass_costs=costs)
+    def runs(costs, group_cost=None):
+        cfg = replace(base, pass_costs=costs, group_cost=group_cost)
         alone = [generate_ids(tiny_lm, [p], cfg)[0] for p in ids]
         assert [r.token_ids for r in alone] == ar  # whatever the cut, AR's text
         assert [r.token_ids for r in generate_ids(tiny_lm, ids, cfg)] == ar  # batched too
         return [s.drafts_sent for r in alone for s in r.steps]
 
     full = runs(None)
+    assert runs(tuple(1 + 0.1 * w for w in range(16)), 5.0)  # mask groups dropped: still AR's text
     assert runs((1.0,)) == full  # costs that do not grow: every node pays, the same trees
     assert max(full) == 8
     middle = runs(tuple(1 + 0.15 * w for w in range(16)))
@@ -93,10 +120,11 @@ def test_a_cut_tree_keeps_ar_text_and_sends_what_the_costs_allow(tiny_lm, drafts
 
 
 def test_measured_costs_start_at_one_and_never_fall(tiny_lm):
-    costs = measure_pass_costs(tiny_lm, resolve_backend(tiny_lm.model, "auto"), max_width=6, rounds=2)
-    assert len(costs) == 6 and costs[0] == 1.0
+    measured = measure_pass_costs(tiny_lm, resolve_backend(tiny_lm.model, "auto"), max_width=6, rounds=2)
+    costs = measured.by_width
+    assert len(costs) == 6 and costs[0] == 1.0 and measured.group >= 0
     assert all(b >= a for a, b in zip(costs, costs[1:]))
-    DecodeConfig(mode="verified", tree_nodes=4, pass_costs=costs)  # usable as they come
+    DecodeConfig(mode="verified", tree_nodes=4, pass_costs=costs, group_cost=measured.group)  # usable as they come
 
 
 def test_the_app_measures_costs_at_warm_up_and_its_trees_use_them(tiny_lm, monkeypatch):
@@ -109,11 +137,13 @@ def test_the_app_measures_costs_at_warm_up_and_its_trees_use_them(tiny_lm, monke
     assert app_pass_costs(tiny_lm, "fast") is None and tiny_lm.pass_costs == {}
     monkeypatch.delenv("MARS_TREE_CUT")
     calls = []
-    monkeypatch.setattr("mars.core.costs.measure_pass_costs", lambda lm, b: calls.append(b) or (1.0, 1.3, 1.6))
-    assert app_pass_costs(tiny_lm, "fast") == (1.0, 1.3, 1.6)
-    assert app_pass_costs(tiny_lm, "fast") == (1.0, 1.3, 1.6) and calls == ["fast"]  # measured once
+    measured = PassCosts((1.0, 1.3, 1.6), 0.2)
+    monkeypatch.setattr("mars.core.costs.measure_pass_costs", lambda lm, b: calls.append(b) or measured)
+    assert app_pass_costs(tiny_lm, "fast") == measured
+    assert app_pass_costs(tiny_lm, "fast") == measured and calls == ["fast"]  # measured once
     cfg = make_config("verified", 0.0, 2, 16, tree_nodes=4, backend="fast")
-    assert fit_to_model(tiny_lm, cfg)[0].pass_costs == (1.0, 1.3, 1.6)
+    fitted = fit_to_model(tiny_lm, cfg)[0]
+    assert fitted.pass_costs == (1.0, 1.3, 1.6) and fitted.group_cost == 0.2
     assert fit_to_model(tiny_lm, replace(cfg, tree_nodes=0))[0].pass_costs is None  # the chain: nothing to cut
     monkeypatch.setattr(inputs, "app_tree_nodes", lambda: 0)  # a GPU: no tree, nothing measured
     monkeypatch.setattr(tiny_lm, "pass_costs", {})

@@ -58,10 +58,10 @@ def app_datastore(lm) -> bool:
             and shipped_store() is not None)  # missing or corrupt files: off, with one warning
 
 
-def app_pass_costs(lm, backend: str) -> tuple[float, ...] | None:
-    """This machine's pass costs by inputs for `lm` on `backend` (mars.core.costs), measured once (~0.5 s, on the
+def app_pass_costs(lm, backend: str):
+    """This machine's pass costs (mars.core.costs.PassCosts) for `lm` on `backend`, measured once (~0.8 s, on the
     caller's thread: the app's model thread) and kept on the model; None where the app sends no tree (a GPU, a
-    model without a mask token) or MARS_TREE_CUT=0 (every tree sends its N nodes)."""
+    model without a mask token) or MARS_TREE_CUT=0 (every tree sends its N nodes and its mask group)."""
     if os.environ.get("MARS_TREE_CUT", "1") == "0" or lm.mask_token_id is None or not app_tree_nodes() \
             or not isinstance(getattr(lm, "pass_costs", None), dict):
         return None
@@ -245,8 +245,9 @@ def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
     if cfg.tree_nodes and cfg.drafts != "mars" and app_datastore(lm):
         cfg = replace(cfg, datastore=True)
     costs = getattr(lm, "pass_costs", {}).get(cfg.backend)  # measured at warm-up (app_pass_costs)
-    if cfg.tree_nodes and cfg.pass_costs is None and costs:
-        cfg = replace(cfg, pass_costs=costs)  # each pass sends only the nodes that pay for their inputs here
+    if cfg.tree_nodes and cfg.pass_costs is None and costs is not None:
+        # each pass sends only the nodes, and the mask group only while its drafts, pay for their inputs here
+        cfg = replace(cfg, pass_costs=costs.by_width, group_cost=costs.group)
     trained = lm.trained_block_size
     if cfg.mode != "ar" and trained and cfg.block_size > trained:
         notes.append(f"block size {cfg.block_size} is larger than the {trained} this model was trained with: "

@@ -1,30 +1,34 @@
-"""What a wider pass costs on this machine, measured: the tree's node budget follows it (DecodeConfig.pass_costs).
+"""What a wider pass costs on this machine, measured: the tree's size follows it (DecodeConfig.pass_costs).
 
 A tree pass pays for every input it sends, and how much depends on the machine, not the model: on two cores
-with AMX a pass of 8 inputs cost about what one input costs, on two AVX-512 cores without it (AMD EPYC) each
+with AMX a pass of 8 inputs cost about what one input costs; on two AVX-512 cores without it (AMD EPYC) each
 input past the first adds ~0.8 ms to a 5 ms int8 pass (scripts/kernel_ab.py --stages: 1 input 5.07 ms, 4
-inputs 6.81, 8 inputs 10.71). A fixed budget is right for one of them only. So the app times a few passes of
-each width once, at warm-up, and every tree then sends the nodes that pay for their inputs (tree.best_cut).
+inputs 6.81, 8 inputs 10.71), and a mask input (the gated adapter's delta) ~0.5 ms more. A fixed tree is right
+for one of them only. So the app times a few passes of each width once, at warm-up, and every tree then sends
+the nodes that pay for their inputs, and its mask group only when the group's drafts pay for it (tree.TreeMode).
 
-The passes are the tree's own shape: the last real token, drafts as real tokens, one mask (the gated
-adapter's row, as a tree's one mask group at B 2), every input's logits read, over a cached context of
-`context` tokens, KV dropped after each. Widths interleave round by round, so a load that comes and goes
-falls on all. A least-squares line through the medians gives the table: one slow round cannot make
-width 3 look dearer than width 4, and the cut needs only the slope.
+The passes have the tree's shape: the last real token, drafts as real tokens, and for the group's cost the
+same with the last input a mask; every input's logits read, over a cached context of `context` tokens, KV
+dropped after each. Shapes interleave round by round, so a load that comes and goes falls on all. A
+least-squares line through the medians gives the table: one slow round cannot make width 3 look dearer than
+width 4, and the cut needs only the slope.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
 from mars.core.cache import BlockCache
 
 
-def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds: int = 5) -> dict[int, float]:
-    """Median seconds of a pass of each width over a cached context (one row, batch 1)."""
+def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds: int = 5,
+                masks: tuple[bool, ...] = (False,)) -> dict[tuple[int, bool], float]:
+    """Median seconds of a pass of each width over a cached context (one row, batch 1): (width, mask) -> s, where
+    with mask True a pass's last input (of 2 or more) is the mask token, as a tree's one mask group at B 2."""
     vocab = lm.model.config.vocab_size
     prompt = [(1000 + 7 * i) % vocab for i in range(context)]
     cache = BlockCache(lm.model, backend, context, [0], context + max(widths) + 1, context, True)
@@ -33,11 +37,12 @@ def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds:
         cache.forward(torch.tensor([prompt]), torch.arange(n)[None], torch.ones(1, n, n, dtype=torch.bool).tril(),
                       [n - 1])
         cache.commit([n], [n])  # the context's KV, all but its last token: every pass feeds that one first
-        times: dict[int, list[float]] = {w: [] for w in widths}
+        shapes = [(w, m) for w in widths for m in masks if w > 1 or not m]
+        times: dict[tuple[int, bool], list[float]] = {shape: [] for shape in shapes}
         for r in range(rounds + 1):  # round 0 warms each width's kernels up and is not counted
-            for w in widths:
+            for w, mask in shapes:
                 ids = [prompt[-1]] + [prompt[(j * 13) % n] for j in range(w - 1)]
-                if w > 1 and lm.mask_token_id is not None:
+                if mask:
                     ids[-1] = lm.mask_token_id
                 local = torch.ones(1, w, w, dtype=torch.bool).tril()
                 t0 = time.perf_counter()
@@ -45,8 +50,8 @@ def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds:
                 took = time.perf_counter() - t0
                 cache.commit([n], [n])  # drop the pass's KV: the next pass sees the same context
                 if r:
-                    times[w].append(took)
-    return {w: statistics.median(t) for w, t in times.items()}
+                    times[(w, mask)].append(took)
+    return {shape: statistics.median(t) for shape, t in times.items()}
 
 
 def fit_costs(medians: dict[int, float], max_width: int) -> tuple[float, ...]:
@@ -76,14 +81,30 @@ def host_seconds(lm, backend: str, context: int = 128, passes: int = 12) -> floa
     return statistics.median(s.seconds for s in steps) if steps else 0.0
 
 
-def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128, rounds: int = 5) -> tuple[float, ...]:
-    """Relative costs of a decoding step by inputs, widths 1..max_width, on this machine (DecodeConfig.pass_costs):
-    the forward's time by width plus the decoder's host work around it, which every pass pays alike (an int8
-    AR step here: 4.2 ms forward, ~1.2 ms around it). ~0.5 s for the default int8 model on two cores."""
+@dataclass(frozen=True)
+class PassCosts:
+    """A decoding step's cost on this machine, relative to a step of one input: `by_width[w-1]` for w real inputs
+    (DecodeConfig.pass_costs), and `group` what a step pays on top when some of its inputs are masks (the gated
+    adapter's delta at those rows; DecodeConfig.group_cost)."""
+
+    by_width: tuple[float, ...]
+    group: float
+
+
+def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128, rounds: int = 5) -> PassCosts:
+    """This machine's PassCosts for `lm` on `backend`: the forward's time by width, with and without a mask, plus
+    the decoder's host work around it, which every step pays alike (an int8 AR step here: 4.2 ms forward, little
+    around it). ~0.8 s for the default int8 model on two cores."""
     limit = getattr(lm.model.config, "max_position_embeddings", None)
     if limit:  # a short-context model: a context it can hold with the passes and the AR steps after it
         context = max(1, min(context, limit // 2))
     widths = sorted({1, 2, 3, 4, max(2, max_width // 2 + 1), max_width})
-    forward = time_widths(lm, backend, widths, context, rounds)
-    host = max(0.0, host_seconds(lm, backend, context) - forward[1])
-    return fit_costs({w: t + host for w, t in forward.items()}, max_width)
+    masks = (False, True) if lm.mask_token_id is not None else (False,)
+    forward = time_widths(lm, backend, widths, context, rounds, masks)
+    host = max(0.0, host_seconds(lm, backend, context) - forward[(1, False)])
+    plain = {w: forward[(w, False)] + host for w in widths}
+    by_width = fit_costs(plain, max_width)
+    extra = [forward[(w, True)] - forward[(w, False)] for w in widths if (w, True) in forward]
+    base = plain[1] if plain[1] > 0 else 1.0
+    group = max(0.0, statistics.median(extra) / base) if extra else 0.0
+    return PassCosts(by_width, group)

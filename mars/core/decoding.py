@@ -103,6 +103,10 @@ class DecodeConfig:
     # them); each pass then sends only the first k of its N nodes that give the most expected tokens per unit
     # of time (mars.core.tree.best_cut). None: all N. The text is the same either way (the check)
     pass_costs: tuple[float, ...] | None = None
+    # with pass_costs: what a pass pays on top when some inputs are masks (the gated adapter's rows), relative to
+    # one input; a pass then sends its mask group only while the group's drafts pay for it (tree.TreeMode._cut).
+    # None: the group always goes
+    group_cost: float | None = None
     # what runs the model (mars/core/backends.py): "auto" = "fast" (mars/core/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
@@ -144,6 +148,12 @@ class DecodeConfig:
             self.pass_costs = check_costs(self.pass_costs)
             if not self.tree_nodes:
                 raise ValueError("pass costs need a tree (tree nodes > 0): they decide how many of its nodes a pass sends")
+        if self.group_cost is not None:
+            if not is_finite_number(self.group_cost) or self.group_cost < 0:
+                raise ValueError(f"group cost must be a number of 0 or more, got {_short(self.group_cost)}")
+            if self.pass_costs is None:
+                raise ValueError("group cost needs pass costs (the cost of the inputs it is weighed against)")
+            self.group_cost = float(self.group_cost)
         self.backend = check_choice("backend", self.backend, BACKENDS)
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")

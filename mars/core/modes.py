@@ -209,7 +209,8 @@ def make_mode(cfg, lm=None):
 
             store = getattr(lm, "datastore", None) or shipped_store()  # None: files unreadable, masks and text only
         vocab = getattr(getattr(getattr(lm, "model", None), "config", None), "vocab_size", None)
-        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, groups, store, vocab, cfg.pass_costs)
+        return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, groups, store, vocab, cfg.pass_costs,
+                        cfg.group_cost)
     if cfg.mode == "verified":
         return VerifiedMode(cfg.verify_groups, temps, cfg.drafts)
     return MODES[cfg.mode]()

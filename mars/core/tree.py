@@ -51,6 +51,9 @@ MAX_BRANCH = 16  # candidates kept per depth between passes: top-8 already holds
 # prompts x 64 tokens, B 2: trees of 2-6 nodes 1.11-1.13x int8 AR with 1 group, 1.05-1.10x with 2 or 3; each
 # group is a gated input). GPU: 3, as measured before; 1 is not measured there.
 DEFAULT_TREE_GROUPS = {"cpu": 1, "cuda": 3}
+GAIN_RATE = 0.2  # a row's running mean of the mask group's worth follows its last ~5 passes with masks
+GAIN_PASSES = 4  # passes with masks measured before that mean decides; until then the group goes
+EXPLORE_EVERY = 16  # a row whose group stopped sends it once in this many passes, so its worth stays measured
 
 
 def default_tree_groups(device_type: str) -> int:
@@ -98,10 +101,11 @@ Dists = list[tuple[list[int], list[float]]]  # per depth: (top tokens, their pro
 
 
 def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, copy_share=(), costs=None,
-              width=None) -> DraftTree:
+              width=None, cut=None) -> DraftTree:
     """The `budget` nodes with the highest path values, best first; with `costs` (relative pass cost by
     inputs, DecodeConfig.pass_costs) only as many of them as pay for their inputs (best_cut; `width(k)`: the
-    pass's inputs with k nodes, 1 + k without mask groups).
+    pass's inputs with k nodes, 1 + k without mask groups), or as many as `cut(values)` says (values in the
+    order the nodes entered).
 
     dists[d-1]: the candidates for depth d (a mask position's top tokens); a mask node's value is its
     parent's times its probability, and only candidates with probability >= tau enter (tau >= 1: none).
@@ -175,8 +179,10 @@ def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, co
         push_masks(node, (1 if parent < 0 else _depth(tree, parent) + 1) + 1, -neg)
         if k >= 0:
             push_copy(node, k + 1)
-    if costs is not None:  # nodes entered best first, each after its parent: any first k are a tree
-        k = best_cut(tree.values, costs, width or (lambda n: 1 + n))
+    if costs is not None and cut is None:
+        cut = lambda values: best_cut(values, costs, width or (lambda n: 1 + n))  # noqa: E731
+    if cut is not None:  # nodes entered best first, each after its parent: any first k are a tree
+        k = cut(tree.values)
         tree = DraftTree(tree.tokens[:k], tree.parents[:k], tree.values[:k], tree.probs[:k], tree.copied[:k])
     return depth_first(tree)
 
@@ -191,19 +197,25 @@ def pass_cost(costs, width: int) -> float:
 
 
 def best_cut(values: list[float], costs, width) -> int:
+    return cut_rate(values, costs, width)[0]
+
+
+def cut_rate(values: list[float], costs, width, bonus: float = 0.0, extra: float = 0.0) -> tuple[int, float]:
     """How many nodes to send, of `values` in the order they entered the tree: the k with the most expected
     tokens per unit of pass time, (1 + values[0] + ... + values[k-1]) / cost(width(k)). A node's value is the
     chance that it lies on the accepted path (calibrated: docs/tree.md), so the sum is the expected accepted
     drafts and the 1 the model's own token after them. Where a wider pass costs what a narrow one does (a
     GPU, AMX) every node pays; where each input costs time (2 cores without AMX: +0.8 ms on a 5 ms pass) a
-    node worth a few percent does not."""
-    best_k, best, total = 0, 1.0 / pass_cost(costs, width(0)), 1.0
+    node worth a few percent does not. cut_rate: (k, its rate), with `bonus` tokens and `extra` cost on top of
+    every k (a mask group's worth and its gated rows' cost, TreeMode._cut)."""
+    total = 1.0 + bonus
+    best_k, best = 0, total / (pass_cost(costs, width(0)) + extra)
     for k, v in enumerate(values, 1):
         total += v
-        rate = total / pass_cost(costs, width(k))
+        rate = total / (pass_cost(costs, width(k)) + extra)
         if rate > best:
             best_k, best = k, rate
-    return best_k
+    return best_k, best
 
 
 def _depth(tree: DraftTree, node: int) -> int:
@@ -268,9 +280,14 @@ class TreeMode:
     name = "verified"
 
     def __init__(self, nodes: int, groups: str = "last", temperatures=None, drafts: str = "mars",
-                 last_groups: int = 1, store=None, vocab: int | None = None, costs=None):
+                 last_groups: int = 1, store=None, vocab: int | None = None, costs=None, group_cost=None):
         self.nodes = nodes  # the node budget N
         self.costs = costs  # relative pass cost by inputs: send only the nodes that pay (best_cut); None: all N
+        self.group_cost = group_cost  # what mask rows cost on top (DecodeConfig.group_cost); None: the group always goes
+        self.gain: dict[int, float] = {}  # row index -> running mean of mask-only drafts accepted per pass
+        self.gain_n: dict[int, int] = {}  # row index -> passes with masks measured
+        self.without: dict[int, int] = {}  # row index -> passes since its last mask group
+        self.masked: dict[int, bool] = {}  # row index -> its current tree could hold mask drafts
         self.groups = None if groups == "all" else last_groups  # see the module docstring (DecodeConfig.tree_groups)
         self.temperatures = temperatures
         self.drafts = drafts  # "mars": mask candidates; "lookup": copies only; "both": both, as branches
@@ -295,23 +312,50 @@ class TreeMode:
                 values = store_values(probs)
                 if stored and (not copies or values[0] > share[0]):
                     copies, share, copy_name = stored, values, "store"
-        n_groups = 0 if n < 1 or self.drafts == "lookup" else self.groups
-        tree = grow_tree(dists, copies, self.nodes, tau, share, self.costs,
-                         lambda k: 1 + k + n * (k + 1 if n_groups is None else min(n_groups, k + 1)))
+        n_groups = 0 if n < 1 or self.drafts == "lookup" else self.groups  # None: one on every node
+        decided = {"group": n_groups != 0}
+        cut = None
+        if self.costs is not None:
+            def cut(values):
+                k, decided["group"] = self._cut(values, n, n_groups, row.index)
+                return k
+        tree = grow_tree(dists, copies, self.nodes, tau, share, cut=cut)
         if cap is not None:  # a copy chain can run deeper than the cap: keep the nodes within it
             tree = _prune(tree, cap)
         sources = [name for name, used in (("mars", not all(tree.copied)), (copy_name, any(tree.copied))) if used]
         source = "+".join(sources) or None  # "mars", "lookup", "store", "mars+lookup", "mars+store"
-        groups = [] if n < 1 or self.drafts == "lookup" else [(a + 1, n) for a in group_anchors(tree, self.groups)]
+        groups = [(a + 1, n) for a in group_anchors(tree, self.groups)] if decided["group"] else []
         self.trees[row.index] = tree
+        self.masked[row.index] = bool(dists)
         return RowPlan(to_verify=tree.tokens, groups=groups, source=source, to_verify_conf=tree.probs,
                        parents=tree.parents)
+
+    def _cut(self, values: list[float], n: int, n_groups: int | None, index: int) -> tuple[int, bool]:
+        """(nodes to send, whether the mask group goes too), by expected tokens per unit of time (cut_rate).
+        The group's drafts pay off a pass later: its worth is the row's running mean of accepted drafts that only
+        the masks proposed (self.gain); until that is measured, or with no group_cost to weigh, the group goes."""
+        width = lambda k: 1 + k + n * (k + 1 if n_groups is None else min(n_groups, k + 1))  # noqa: E731
+        gain = self.gain.get(index)
+        idle = self.without.get(index, 0)
+        if (not n_groups or self.group_cost is None or self.gain_n.get(index, 0) < GAIN_PASSES
+                or idle + 1 >= EXPLORE_EVERY):
+            self.without[index] = 0
+            return best_cut(values, self.costs, width if n_groups else (lambda k: 1 + k)), n_groups != 0
+        k_group, with_group = cut_rate(values, self.costs, width, gain, self.group_cost)
+        k_plain, without = cut_rate(values, self.costs, lambda k: 1 + k)
+        self.without[index] = 0 if with_group >= without else idle + 1
+        return (k_group, True) if with_group >= without else (k_plain, False)
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         tree = self.trees.pop(row.index)
         # greedy: the model's own choice after each input; both lists in one copy from the device
         ar_tok, ar_conf = to_host(*choose_and_score(main, "prob"))
         path = walk(tree, ar_tok)
+        if self.masked.pop(row.index, False):  # the masks' worth: their accepted drafts that no copy proposed
+            got = sum(1 for i in path if not tree.copied[i])
+            old = self.gain.get(row.index)
+            self.gain[row.index] = float(got) if old is None else old + GAIN_RATE * (got - old)
+            self.gain_n[row.index] = self.gain_n.get(row.index, 0) + 1
         end = path[-1] if path else -1
         rows = [0] + [i + 1 for i in path]  # main's rows before each accepted token
         m = 0  # the accepted path's head on the top-1 chain (nodes 0, 1, ...): already in the cache's order
