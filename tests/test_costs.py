@@ -36,18 +36,23 @@ def test_pass_cost_extends_the_table_by_its_last_step_never_down():
     assert pass_cost((1.0,), 9) == 1.0
 
 
+def plain(costs):
+    """A cut by `costs` for a pass of the root and k nodes, no mask group."""
+    return lambda values: best_cut(values, costs, lambda k: 1 + k)
+
+
 def test_grow_tree_with_costs_keeps_the_best_nodes_and_their_ancestors():
     dists = [([10, 11, 12], [0.6, 0.3, 0.1]), ([20, 21], [0.5, 0.4])]
     full = grow_tree(dists, [30, 31], budget=8, copy_share=(0.7, 0.2))
-    assert grow_tree(dists, [30, 31], budget=8, copy_share=(0.7, 0.2), costs=(1.0,)).tokens == full.tokens
+    assert grow_tree(dists, [30, 31], budget=8, copy_share=(0.7, 0.2), cut=plain((1.0,))).tokens == full.tokens
     for slope in (0.1, 0.3, 0.6, 3.0):
         costs = tuple(1 + slope * w for w in range(12))
-        cut = grow_tree(dists, [30, 31], budget=8, copy_share=(0.7, 0.2), costs=costs)
+        cut = grow_tree(dists, [30, 31], budget=8, copy_share=(0.7, 0.2), cut=plain(costs))
         # the kept nodes are the likeliest (ancestors first), as many as best_cut says for the uncut values
         assert len(cut) == best_cut(sorted(full.values, reverse=True), costs, lambda k: 1 + k)
         assert sorted(cut.values, reverse=True) == sorted(full.values, reverse=True)[:len(cut)]
         assert all(p < i for i, p in enumerate(cut.parents))  # depth first: every parent kept, before its child
-    assert len(grow_tree(dists, [30, 31], budget=8, copy_share=(0.7, 0.2), costs=(1.0, 9.0))) == 0
+    assert len(grow_tree(dists, [30, 31], budget=8, copy_share=(0.7, 0.2), cut=plain((1.0, 9.0)))) == 0
 
 
 def test_fit_costs_is_a_line_through_the_medians():
@@ -92,6 +97,12 @@ def test_the_mask_group_goes_while_its_measured_worth_pays_for_it():
     free.gain[0], free.gain_n[0] = 0.0, GAIN_PASSES
     assert free._cut(values, 1, 1, 0) == (3, True)
     assert TreeMode(4, "last", costs=costs)._cut(values, 1, 1, 0)[1] is True  # no group cost: never weighed
+    # verify_groups "all" (n_groups None): a group of n masks on the root and on every node, all counted
+    every = TreeMode(4, "all", costs=costs, group_cost=0.12)
+    spread = [0.9, 0.3, 0.2]  # 1 node with the groups' 3 masks each, 2 without them
+    assert every._cut(spread, 3, None, 0) == (1, True)
+    every.gain[0], every.gain_n[0] = 0.1, GAIN_PASSES  # and weighed like one group once their worth is measured
+    assert every._cut(spread, 3, None, 0) == (2, False)
 
 
 @pytest.mark.parametrize("drafts", ["mars", "both"])

@@ -25,12 +25,17 @@ import torch
 from mars.core.cache import BlockCache
 
 
+def context_ids(lm, context: int) -> list[int]:
+    """A context of `context` token ids (their values do not change a pass's cost)."""
+    vocab = lm.model.config.vocab_size
+    return [(1000 + 7 * i) % vocab for i in range(context)]
+
+
 def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds: int = 5,
                 masks: tuple[bool, ...] = (False,)) -> dict[tuple[int, bool], float]:
     """Median seconds of a pass of each width over a cached context (one row, batch 1): (width, mask) -> s, where
     with mask True a pass's last input (of 2 or more) is the mask token, as a tree's one mask group at B 2."""
-    vocab = lm.model.config.vocab_size
-    prompt = [(1000 + 7 * i) % vocab for i in range(context)]
+    prompt = context_ids(lm, context)
     cache = BlockCache(lm.model, backend, context, [0], context + max(widths) + 1, context, True)
     with torch.inference_mode():
         n = context
@@ -70,14 +75,12 @@ def fit_costs(medians: dict[int, float], max_width: int) -> tuple[float, ...]:
 
 
 def host_seconds(lm, backend: str, context: int = 128, passes: int = 12) -> float:
-    """Median seconds of a whole AR decoding step (the decoder's host work: plan, score, accept, records) over
-    the same context, minus nothing: the caller subtracts the forward's own time."""
+    """Median seconds of a whole AR decoding step over the same context: its forward and the decoder's host work
+    around it (plan, score, accept, records); the caller subtracts the forward's own time."""
     from mars.core.decoding import DecodeConfig, generate_ids
 
-    vocab = lm.model.config.vocab_size
-    prompt = [(1000 + 7 * i) % vocab for i in range(context)]
     cfg = DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=passes, backend=backend)
-    steps = generate_ids(lm, [prompt], cfg)[0].steps[1:]  # the first pass runs the prompt
+    steps = generate_ids(lm, [context_ids(lm, context)], cfg)[0].steps[1:]  # the first pass runs the prompt
     return statistics.median(s.seconds for s in steps) if steps else 0.0
 
 

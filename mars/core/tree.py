@@ -100,12 +100,9 @@ class DraftTree:
 Dists = list[tuple[list[int], list[float]]]  # per depth: (top tokens, their probabilities), likeliest first
 
 
-def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, copy_share=(), costs=None,
-              width=None, cut=None) -> DraftTree:
-    """The `budget` nodes with the highest path values, best first; with `costs` (relative pass cost by
-    inputs, DecodeConfig.pass_costs) only as many of them as pay for their inputs (best_cut; `width(k)`: the
-    pass's inputs with k nodes, 1 + k without mask groups), or as many as `cut(values)` says (values in the
-    order the nodes entered).
+def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, copy_share=(), cut=None) -> DraftTree:
+    """The `budget` nodes with the highest path values, best first; with `cut` only the first `cut(values)` of
+    them (values in the order the nodes entered: TreeMode._cut, by this machine's pass costs).
 
     dists[d-1]: the candidates for depth d (a mask position's top tokens); a mask node's value is its
     parent's times its probability, and only candidates with probability >= tau enter (tau >= 1: none).
@@ -179,8 +176,6 @@ def grow_tree(dists: Dists, copies: list[int], budget: int, tau: float = 0.0, co
         push_masks(node, (1 if parent < 0 else _depth(tree, parent) + 1) + 1, -neg)
         if k >= 0:
             push_copy(node, k + 1)
-    if costs is not None and cut is None:
-        cut = lambda values: best_cut(values, costs, width or (lambda n: 1 + n))  # noqa: E731
     if cut is not None:  # nodes entered best first, each after its parent: any first k are a tree
         k = cut(tree.values)
         tree = DraftTree(tree.tokens[:k], tree.parents[:k], tree.values[:k], tree.probs[:k], tree.copied[:k])
@@ -337,10 +332,10 @@ class TreeMode:
         width = lambda k: 1 + k + n * (k + 1 if n_groups is None else min(n_groups, k + 1))  # noqa: E731
         gain = self.gain.get(index)
         idle = self.without.get(index, 0)
-        if (not n_groups or self.group_cost is None or self.gain_n.get(index, 0) < GAIN_PASSES
+        if (n_groups == 0 or self.group_cost is None or self.gain_n.get(index, 0) < GAIN_PASSES
                 or idle + 1 >= EXPLORE_EVERY):
             self.without[index] = 0
-            return best_cut(values, self.costs, width if n_groups else (lambda k: 1 + k)), n_groups != 0
+            return best_cut(values, self.costs, width), n_groups != 0
         k_group, with_group = cut_rate(values, self.costs, width, gain, self.group_cost)
         k_plain, without = cut_rate(values, self.costs, lambda k: 1 + k)
         self.without[index] = 0 if with_group >= without else idle + 1
