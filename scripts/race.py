@@ -12,7 +12,8 @@
 
 `--chart-every 1.0 inf` repeats step 2 once per chart interval (the app's MARS_CHART_EVERY_S: seconds between
 chart redraws while a run streams; inf = charts only at the end), prompt by prompt in turn, to see whether the
-page's updates slow the passes. `--handler` adds the app's generate handler run in-process without server or
+page's updates slow the passes; `--text-every 0.1 0.25` likewise per text interval (MARS_TEXT_EVERY_S: seconds
+between updates of the coloured text). `--handler` adds the app's generate handler run in-process without server or
 page. Every variant runs on each prompt before the next prompt, so a change in the machine's load falls on all.
 
     PYTHONPATH=. python scripts/race.py                        # 3 held-out prompts, 64 new tokens
@@ -124,12 +125,36 @@ FIRST_GROUP_JS = """() => {
 }"""
 
 
-def start_generate(page, prompt: str):
-    """Clear the page, type the prompt, press Generate, with the page stamping its click and first group."""
+# Resolves once the page's main thread has been idle for two whole idle periods in a row (requestIdleCallback
+# with the full 50 ms left), or after 5 s. Clear redraws the three charts (plotly: ~0.2-0.4 s of a core here),
+# and the last run's final update draws them too; the script typed the next prompt and pressed Generate while
+# that drawing still ran, so the browser's work fell on MARS's first passes (its first 5 passes took 25-63 ms
+# in the browser at c721167, 7-10 ms without a page). A visitor takes longer than that to type a prompt.
+SETTLE_JS = """() => new Promise(resolve => {
+  const t0 = performance.now();
+  let quiet = 0;
+  const step = (deadline) => {
+    quiet = deadline.timeRemaining() >= 45 ? quiet + 1 : 0;
+    if (quiet >= 2 || performance.now() - t0 > 5000) resolve(performance.now() - t0);
+    else requestIdleCallback(step, {timeout: 500});
+  };
+  requestIdleCallback(step, {timeout: 500});
+})"""
+
+
+def prepare_generate(page, prompt: str):
+    """Clear the page, type the prompt, wait until the page has drawn what Clear sent (SETTLE_JS), and set the
+    page to stamp its click and first group (FIRST_GROUP_JS)."""
     page.click("#clear")
     page.wait_for_function("document.querySelectorAll('#output .mars-group').length === 0", timeout=30_000)
     page.fill("#prompt textarea", prompt)
+    page.evaluate(SETTLE_JS)
     page.evaluate(FIRST_GROUP_JS)
+
+
+def start_generate(page, prompt: str):
+    """prepare_generate, then press Generate."""
+    prepare_generate(page, prompt)
     page.click("#generate")
 
 
@@ -175,23 +200,27 @@ def summarise(rows: list[dict]) -> dict:
             "first_group_s": max((r["first_group_s"] for r in rows if "first_group_s" in r), default=None)}
 
 
-def browser_races(demo, page, box, prompts, max_new: int, chart_every: list[float], others) -> dict[str, list[dict]]:
-    """Each prompt, under each chart interval in turn, then each of `others` (name -> run(prompt) -> row) on
-    it: interleaved prompt by prompt, so a change in the machine's load falls on all of them alike."""
+def browser_races(demo, page, box, prompts, max_new: int, chart_every: list[float], text_every: list[float],
+                  others) -> dict[str, list[dict]]:
+    """Each prompt, under each chart interval and text interval in turn, then each of `others` (name ->
+    run(prompt) -> row) on it: interleaved prompt by prompt, so a change in the machine's load falls on all of
+    them alike."""
     set_max_new(page, box, max_new)
-    out: dict[str, list[dict]] = {f"app (charts/{c}s)": [] for c in chart_every} | {name: [] for name in others}
+    variants = {(f"app (charts/{c}s)" if len(text_every) == 1 else f"app (charts/{c}s, text/{t}s)"): (c, t)
+                for c in chart_every for t in text_every}
+    out: dict[str, list[dict]] = {name: [] for name in variants} | {name: [] for name in others}
     for i, prompt in enumerate(prompts):
         for name, run in others.items():
             row = run(prompt) | {"prompt": i}
             out[name].append(row)
             print(f"  {name} prompt {i}: {fmt_row(row)}", flush=True)
-        for c in chart_every:
-            demo.mars_app.chart_every_s = c
+        for name, (c, t) in variants.items():
+            demo.mars_app.chart_every_s, demo.mars_app.text_every_s = c, t
             start_generate(page, prompt)
             first = first_group_s(page)
             row = race_row(finish_generate(page)) | {"prompt": i, "first_group_s": first}
-            out[f"app (charts/{c}s)"].append(row)
-            print(f"  app (charts/{c}s) prompt {i}: {fmt_row(row)}", flush=True)
+            out[name].append(row)
+            print(f"  {name} prompt {i}: {fmt_row(row)}", flush=True)
     return out
 
 
@@ -207,9 +236,11 @@ def two_visitors(browser, url, log: PassLog, prompts, max_new: int) -> dict:
     pages = [open_page(browser, url) for _ in range(2)]
     for (page, box) in pages:
         set_max_new(page, box, max_new)
-    t_start = time.perf_counter()
     for i, (page, _) in enumerate(pages):
-        start_generate(page, prompts[i % len(prompts)])
+        prepare_generate(page, prompts[i % len(prompts)])
+    t_start = time.perf_counter()
+    for page, _ in pages:  # both clicks together (a page in the background settles late: its idle callbacks wait)
+        page.click("#generate")
     firsts = [first_group_s(page) for page, _ in pages]
     traces = [finish_generate(page) for page, _ in pages]
     events = log.since(t_start)
@@ -301,6 +332,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--chart-every", type=float, nargs="+", default=None,
                     help="chart intervals (MARS_CHART_EVERY_S) to compare (default: the app's own); inf = charts only at the end")
+    ap.add_argument("--text-every", type=float, nargs="+", default=None,
+                    help="text intervals (MARS_TEXT_EVERY_S) to compare (default: the app's own)")
     ap.add_argument("--no-visitors", action="store_true", help="skip the two-visitors check")
     ap.add_argument("--no-bench", action="store_true", help="skip the bench run")
     ap.add_argument("--handler", action="store_true",
@@ -322,11 +355,12 @@ def main(argv=None) -> int:
     app, demo, lm, log, url = start_app()
     threads = demo.mars_app.holder.threads
     chart_every = args.chart_every or [demo.mars_app.chart_every_s]
+    text_every = args.text_every or [demo.mars_app.text_every_s]
     print(f"app up at {url} in {time.perf_counter() - t:.0f} s: {lm.name}, {threads} threads per pass, "
           f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, charts every {chart_every} s, text every "
-          f"{demo.mars_app.text_every_s} s, browser at nice {args.browser_nice}", flush=True)
+          f"{text_every} s, browser at nice {args.browser_nice}", flush=True)
     result = {"threads": threads, "max_new_tokens": args.max_new_tokens, "prompts": prompts,
-              "browser_nice": args.browser_nice, "text_every_s": demo.mars_app.text_every_s}
+              "browser_nice": args.browser_nice, "text_every_s": text_every}
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=niced(CHROMIUM, args.browser_nice), args=ARGS)
@@ -339,10 +373,11 @@ def main(argv=None) -> int:
                 slot = demo.mars_app.holder.pass_slot
                 others["bench"] = lambda p: slot.run(bench_race, lm, p, args.max_new_tokens, threads)
             page, box = open_page(browser, url)
-            result["runs"] = browser_races(demo, page, box, prompts, args.max_new_tokens, chart_every, others)
+            result["runs"] = browser_races(demo, page, box, prompts, args.max_new_tokens, chart_every, text_every,
+                                           others)
             page.context.close()
             if not args.no_visitors:
-                demo.mars_app.chart_every_s = chart_every[0]
+                demo.mars_app.chart_every_s, demo.mars_app.text_every_s = chart_every[0], text_every[0]
                 result["visitors"] = v = two_visitors(browser, url, log, prompts, args.max_new_tokens)
                 print(f"two visitors: first group after {v['first_group_s'][0]:.2f} s and "
                       f"{v['first_group_s'][1]:.2f} s; the second's first pass was pass "
