@@ -20,6 +20,7 @@ page. Every variant runs on each prompt before the next prompt, so a change in t
     PYTHONPATH=. python scripts/race.py --limit 5 --max-new-tokens 128 --json runs/race.json
     PYTHONPATH=. python scripts/race.py --chart-every 1.0 0.5 inf --no-visitors --no-bench
     PYTHONPATH=. python scripts/race.py --browser-nice 19     # the browser yields the cores, as a remote one would
+    PYTHONPATH=. python scripts/race.py --browser-idle        # it draws only on an idle core (SCHED_IDLE)
 """
 
 from __future__ import annotations
@@ -39,15 +40,17 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def niced(executable: str, nice: int) -> str:
+def niced(executable: str, nice: int, idle: bool = False) -> str:
     """The browser to launch: `executable` itself, or a wrapper that starts it (and so its renderers) at this
-    niceness. The page is drawn on the server's two cores here; a visitor's browser draws on their own."""
-    if not nice:
+    niceness, or (idle) under SCHED_IDLE: it runs only on a core nothing else wants. The page is drawn on the
+    server's two cores here; a visitor's browser draws on their own."""
+    if not nice and not idle:
         return executable
     import tempfile
 
     wrapper = Path(tempfile.mkdtemp(prefix="race-browser-")) / "chromium"
-    wrapper.write_text(f'#!/bin/sh\nexec nice -n {int(nice)} {executable} "$@"\n')
+    launch = f"chrt --idle 0 {executable}" if idle else f"nice -n {int(nice)} {executable}"
+    wrapper.write_text(f'#!/bin/sh\nexec {launch} "$@"\n')
     wrapper.chmod(0o755)
     return str(wrapper)
 
@@ -341,6 +344,10 @@ def main(argv=None) -> int:
     ap.add_argument("--browser-nice", type=int, default=0,
                     help="run Chromium at this niceness (19: it yields the cores to the server, as a visitor's "
                          "browser on their own machine would; 0: it competes for them, the default)")
+    ap.add_argument("--browser-idle", action="store_true",
+                    help="run Chromium under SCHED_IDLE (chrt --idle): it draws only when the server leaves a core "
+                         "idle, the nearest this machine comes to a visitor's browser on their own machine; its "
+                         "first-group times then wait for the page too")
     ap.add_argument("--json", help="write every number here")
     args = ap.parse_args(argv)
 
@@ -358,12 +365,14 @@ def main(argv=None) -> int:
     text_every = args.text_every or [demo.mars_app.text_every_s]
     print(f"app up at {url} in {time.perf_counter() - t:.0f} s: {lm.name}, {threads} threads per pass, "
           f"{len(prompts)} prompts, {args.max_new_tokens} new tokens, charts every {chart_every} s, text every "
-          f"{text_every} s, browser at nice {args.browser_nice}", flush=True)
+          f"{text_every} s, browser {'under SCHED_IDLE' if args.browser_idle else f'at nice {args.browser_nice}'}",
+          flush=True)
     result = {"threads": threads, "max_new_tokens": args.max_new_tokens, "prompts": prompts,
-              "browser_nice": args.browser_nice, "text_every_s": text_every}
+              "browser_nice": args.browser_nice, "browser_idle": args.browser_idle, "text_every_s": text_every}
     try:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=niced(CHROMIUM, args.browser_nice), args=ARGS)
+            browser = p.chromium.launch(executable_path=niced(CHROMIUM, args.browser_nice, args.browser_idle),
+                                        args=ARGS)
             others = {}
             if args.handler:
                 others["app handler, no page"] = lambda p: handler_race(demo, p, args.max_new_tokens)
