@@ -2,7 +2,7 @@
 
 1. Starts the app in-process (default model + shipped adapter, or MARS_MODEL / MARS_ADAPTER) on a free port and
    waits for the model to load.
-2. Drives headless Chromium through the prompts at the app's defaults (mode, tau and B, "then run AR" on), one
+2. Drives headless Chromium through the prompts at the app's defaults (mode, tau and B, the AR race on), one
    after another, and reads each race from the trace JSON download (#download-json): MARS and AR decode
    seconds, tokens, passes, median pass ms.
 3. Two visitors at once: two pages press Generate together; each one's time to its first group, and the

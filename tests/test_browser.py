@@ -246,7 +246,7 @@ def test_race_is_measured_from_both_runs_and_verified_mode_defaults_to_tau_0(bro
     page = open_app(browser, tiny_server)
     page.fill("#prompt textarea", "what is the capital of france ?")
     set_number(page, "max-new-tokens", 16)
-    assert page.is_checked("#compare-ar input")  # "then run AR" is on by default
+    assert page.is_checked("#compare-ar input")  # the AR race is on by default
     page.locator("#mode").get_by_text("MARS (tau rule)").click()
     page.wait_for_function("document.querySelector('#tau input[type=number]').value == '0.9'", timeout=10_000)
     page.locator("#mode").get_by_text("Verified (lossless)").click()
