@@ -2,7 +2,7 @@
 # convention), with the CPU build of torch (the default PyPI wheel on Linux is the multi-GB CUDA build).
 FROM python:3.11-slim
 
-# A C compiler: the int8 path builds its small kernels (mars/core/cpu_kernels.py) for the CPU it runs on, at
+# A C compiler: the int8 path builds its small kernels (mars/runtime/kernels.py) for the CPU it runs on, at
 # first use (~2 s); without one it runs the same steps as slower tensor ops.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libgomp1 \
  && rm -rf /var/lib/apt/lists/*

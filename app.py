@@ -37,7 +37,7 @@ from mars.app.inputs import (
     chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit,
     mode_block, text_every_s,
 )
-from mars.core.decoding import DEFAULT_BLOCK_SIZE, DecodeControl
+from mars.decoding.decoder import DEFAULT_BLOCK_SIZE, DecodeControl
 
 ROOT = Path(__file__).resolve().parent
 EXAMPLES = json.loads((ROOT / "assets" / "examples.json").read_text())
@@ -219,7 +219,7 @@ class MarsApp:
     def set_tau(self, tau, session: Session):
         """The slider's one handler. tau's whole path, slider to rule:
         slider .change -> here -> Session.set_tau -> DecodeControl.tau (decoding.check_tau, the one check) ->
-        decode_steps reads control.tau before every forward pass -> the mode's plan/accept (mars.core.modes) ->
+        decode_steps reads control.tau before every forward pass -> the mode's plan/accept (mars.decoding.modes) ->
         acceptance.accept_lengths. A run starts from its config's tau (DecodeConfig checks it with the same
         check_tau), handed to the control by Session.new_control(cfg.tau) in `generate`."""
         try:

@@ -55,11 +55,11 @@ def _repeat_tau(args) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     # choices come from the registries, so a new mode, backend or measure reaches the CLI by itself
-    from mars.core.acceptance import CONFIDENCE_MEASURES
-    from mars.core.backends import BACKENDS
+    from mars.decoding.acceptance import CONFIDENCE_MEASURES
+    from mars.runtime.backends import BACKENDS
     from mars.evaluation.bench import METHODS
-    from mars.core.decoding import DEFAULT_CACHE_BLOCK
-    from mars.core.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS
+    from mars.decoding.decoder import DEFAULT_CACHE_BLOCK
+    from mars.decoding.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS
 
     ap = argparse.ArgumentParser(prog="python -m mars", description="MARS multi-token generation")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "copies) instead of one chain; 'auto' = this device's measured best; 0 = one chain (default)")
     g.add_argument("--datastore", action="store_true",
                    help="verified mode with a tree and lookup drafts: where the text offers no copy, a chain from the "
-                        "n-gram table of the default model's own answers (mars.core.datastore; the app's default)")
+                        "n-gram table of the default model's own answers (mars.decoding.datastore; the app's default)")
     g.add_argument("--tree-groups", type=int, default=None,
                    help="verified mode with a tree and --verify-groups last: mask groups on this many of the nodes "
                         "likeliest to end the path (default: by device, 1 on a CPU, 3 on a GPU)")
@@ -263,7 +263,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from mars.training.data import read_jsonl, to_example
-    from mars.core.decoding import encode_prompt
+    from mars.decoding.decoder import encode_prompt
     from mars.evaluation.evaluate import decoding_eval, draft_accuracy
     from mars.models.loading import load
 
@@ -360,8 +360,8 @@ def cmd_bench(args) -> int:
 
 
 def cmd_generate(args) -> int:
-    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-    from mars.core.records import RunRecord
+    from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
+    from mars.decoding.records import RunRecord
     from mars.models.loading import load
 
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
@@ -377,6 +377,10 @@ def cmd_generate(args) -> int:
         backend=args.backend, tree_nodes=tree_nodes_arg(args.tree_nodes, lm.model, args.mode),
         tree_groups=args.tree_groups, datastore=args.datastore, **_repeat_tau(args),
     )
+    if cfg.datastore:
+        from mars.models.datastore import shipped_store
+
+        lm.datastore = shipped_store()  # the table the tree drafts from (None: unreadable, masks and text only)
     prompts = [p for p in args.prompts]
     if any(not p.strip() for p in prompts):
         raise ValueError("empty prompt: give some text to answer")
@@ -405,8 +409,8 @@ def cmd_generate(args) -> int:
 
 def tree_nodes_arg(value: str, model, mode: str) -> int:
     """--tree-nodes: a number (DecodeConfig checks it), or 'auto': in verified mode the measured best on the
-    model's device (mars.core.tree.default_tree_nodes), in other modes 0."""
-    from mars.core.tree import default_tree_nodes
+    model's device (mars.decoding.tree.default_tree_nodes), in other modes 0."""
+    from mars.decoding.tree import default_tree_nodes
 
     if str(value).strip().lower() == "auto":
         return default_tree_nodes(next(model.parameters()).device.type) if mode == "verified" else 0

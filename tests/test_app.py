@@ -24,7 +24,7 @@ from mars.app.inputs import app_backend
 from mars.app.serving import free_port
 from mars.app.serving import load_other
 from mars.app.session import Session
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from tiny import save_tiny
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -451,7 +451,7 @@ def test_the_tree_slider_starts_at_the_cpu_tree_on_a_cpu_and_at_the_chain_elsewh
     (docs/tree.md); a GPU keeps the chain until trees are measured there."""
     import mars.models.device as device
     from mars.app.inputs import app_tree_nodes
-    from mars.core.tree import DEFAULT_TREE_NODES
+    from mars.decoding.tree import DEFAULT_TREE_NODES
 
     monkeypatch.setenv("MARS_DEVICE", "cpu")
     assert app_tree_nodes() == DEFAULT_TREE_NODES["cpu"] == 4

@@ -25,7 +25,7 @@ from mars.app import serving
 from mars.app.serving import default_provider
 from mars.app.session import Session
 from mars.app.inputs import VERIFIED_CPU_BLOCK, app_backend, check_prompt, make_config, mode_block, sanitize_text
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from mars.models.loading import LoadError
 from tiny import make_loaded, save_tiny
 
@@ -595,7 +595,7 @@ def test_memory_stays_flat_over_50_runs(ui, tmp_path, monkeypatch):
 
 def test_the_app_runs_int8_by_default_and_says_so(lm, monkeypatch):
     """The app's default backend is int8 on a CPU (issue 24); MARS_BACKEND chooses another, checked once."""
-    from mars.core.backends import resolve_backend
+    from mars.runtime.backends import resolve_backend
 
     monkeypatch.delenv("MARS_BACKEND", raising=False)
     assert app_backend() == "auto-int8" and resolve_backend(lm.model, app_backend()) == "fast-int8"

@@ -11,8 +11,8 @@ from mars.app import batch_viz
 from mars.app.batch import (
     MAX_BATCH, BatchRow, BatchState, measure_comparison, parse_batch_prompts, run_batch,
 )
-from mars.core.decoding import DecodeConfig, DecodeControl, encode_prompt, generate_ids
-from mars.core.records import PassRecord, RunRecord
+from mars.decoding.decoder import DecodeConfig, DecodeControl, encode_prompt, generate_ids
+from mars.decoding.records import PassRecord, RunRecord
 
 PROMPTS = [
     "what is the capital of france ?",

@@ -21,45 +21,28 @@ from conftest import save_screenshot, serve
 from mars.app.serving import free_port
 
 
-_SLOWED: dict[int, float] = {}  # id(model) -> extra seconds per pass
+def slow_backend(delay: float = 0.05):
+    """The decoder's default backend, ~`delay` s slower per pass and never ending on EOS: a run long enough to
+    steer. Handed to the app's holder (its `backend`), so it acts on this server's runs only, whichever
+    backend runs the model (the fast path bypasses `model.forward`)."""
+    from mars.decoding.decoder import make_runner
 
+    def make(model, cfg, batch, capacity):
+        runner = make_runner(model, cfg, batch, capacity)
+        forward, eos = runner.forward, [model.generation_config.eos_token_id]
 
-def _slow_make_backend(make):
-    """Wrap the decoder's backend factory: runners of slowed models sleep and never emit EOS."""
-
-    def wrapped(model, *args, **kwargs):
-        runner = make(model, *args, **kwargs)
-        delay = _SLOWED.get(id(model))
-        if delay is not None:
+        def slow_forward(*a, **k):
             import torch
 
-            forward, eos = runner.forward, [model.generation_config.eos_token_id]
+            logits = forward(*a, **k).clone()  # an inference tensor: copy before writing
+            time.sleep(delay)
+            logits[..., eos] = torch.finfo(logits.dtype).min
+            return logits
 
-            def slow_forward(*a, **k):
-                logits = forward(*a, **k).clone()  # an inference tensor: copy before writing
-                time.sleep(delay)
-                logits[..., eos] = torch.finfo(logits.dtype).min
-                return logits
-
-            runner.forward = slow_forward
+        runner.forward = slow_forward
         return runner
 
-    return wrapped
-
-
-def slowed(lm, delay: float = 0.05):
-    """The same model, ~`delay` s slower per pass, never ending on EOS: a run long enough to steer.
-
-    Works whichever backend runs the model (the fast path bypasses `model.forward`), and touches no
-    other model: the wrapper only acts on models registered here.
-    """
-    import mars.core.cache  # the decoder's cache state makes each run's backend
-
-    if not getattr(mars.core.cache.make_backend, "_slowable", False):
-        mars.core.cache.make_backend = _slow_make_backend(mars.core.cache.make_backend)
-        mars.core.cache.make_backend._slowable = True
-    _SLOWED[id(lm.model)] = delay
-    return lm
+    return make
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +55,10 @@ def tiny_server(tmp_path_factory):
     os.environ["MARS_MODEL"] = str(folder)
     base = default_provider()
     try:
-        demo, url = serve(lambda: slowed(base()))
+        demo, url = serve(base)
     finally:
         os.environ.pop("MARS_MODEL") if old is None else os.environ.__setitem__("MARS_MODEL", old)
+    demo.mars_app.holder.backend = slow_backend()
     yield url
     demo.close()
 

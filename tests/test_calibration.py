@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import tiny
-from mars.core.acceptance import calibrate_logits, choose_and_score
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.core.modes import MarsMode, VerifiedMode, make_mode
+from mars.decoding.acceptance import calibrate_logits, choose_and_score
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.modes import MarsMode, VerifiedMode, make_mode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def test_confidence_uses_calibrated_logits_but_the_token_does_not_move():
         assert torch.equal(tok, tok_raw)
         assert torch.allclose(conf, conf_cal)
         # the AR row is not calibrated: the same confidence (to rounding: greedy "prob" without calibration runs
-        # in one C call, mars.core.cpu_kernels.argmax_conf, the calibrated one as tensor ops)
+        # in one C call, mars.runtime.kernels.argmax_conf, the calibrated one as tensor ops)
         assert torch.isclose(conf[0], conf_raw[0], rtol=1e-6, atol=0) and not torch.allclose(conf[1:], conf_raw[1:])
 
 

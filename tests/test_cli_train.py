@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.core.fastpath import bf16_unsupported_reason
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
+from mars.runtime.cpu import bf16_unsupported_reason
 from mars.models.loading import load
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,14 +1,14 @@
 """Trees sized by what a wider pass costs here: the cut (tree.best_cut) against a brute-force search, the
-measured costs (mars.core.costs), the decoder keeping AR's text with any cut, the app's wiring."""
+measured costs (mars.decoding.costs), the decoder keeping AR's text with any cut, the app's wiring."""
 
 from dataclasses import replace
 
 import pytest
 
-from mars.core.backends import resolve_backend
-from mars.core.costs import PassCosts, fit_costs, measure_pass_costs
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.core.tree import EXPLORE_EVERY, GAIN_PASSES, TreeMode, best_cut, grow_tree, pass_cost
+from mars.runtime.backends import resolve_backend
+from mars.decoding.costs import PassCosts, fit_costs, measure_pass_costs
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.tree import EXPLORE_EVERY, GAIN_PASSES, TreeMode, best_cut, grow_tree, pass_cost
 
 PROMPTS = ["what is the capital of france ?", "write a long sentence about the water and the earth and the air"]
 
@@ -149,7 +149,7 @@ def test_the_app_measures_costs_at_warm_up_and_its_trees_use_them(tiny_lm, monke
     monkeypatch.delenv("MARS_TREE_CUT")
     calls = []
     measured = PassCosts((1.0, 1.3, 1.6), 0.2)
-    monkeypatch.setattr("mars.core.costs.measure_pass_costs", lambda lm, b: calls.append(b) or measured)
+    monkeypatch.setattr("mars.decoding.costs.measure_pass_costs", lambda lm, b: calls.append(b) or measured)
     assert app_pass_costs(tiny_lm, "fast") == measured
     assert app_pass_costs(tiny_lm, "fast") == measured and calls == ["fast"]  # measured once
     cfg = make_config("verified", 0.0, 2, 16, tree_nodes=4, backend="fast")
@@ -170,5 +170,5 @@ def test_a_failed_measurement_leaves_trees_whole_and_the_app_serving(tiny_lm, mo
     def broken(lm, backend):
         raise RuntimeError("no timer")
 
-    monkeypatch.setattr("mars.core.costs.measure_pass_costs", broken)
+    monkeypatch.setattr("mars.decoding.costs.measure_pass_costs", broken)
     assert inputs.app_pass_costs(tiny_lm, "fast") is None and tiny_lm.pass_costs == {}

@@ -1,5 +1,5 @@
-"""mars/core/cpu_kernels.py: the C loops of the int8 path against the tensor ops they replace (the slow,
-obvious versions in mars/core/quant.py), bit for bit where they promise it, and the int8 matrices with and
+"""mars/runtime/kernels.py: the C loops of the int8 path against the tensor ops they replace (the slow,
+obvious versions in mars/runtime/quant.py), bit for bit where they promise it, and the int8 matrices with and
 without them."""
 
 import os
@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mars.core import cpu_kernels as ck
-from mars.core.quant import Int8Linear, quantize_rows2, quantize_weight, reference_linear
+from mars.runtime import kernels as ck
+from mars.runtime.quant import Int8Linear, quantize_rows2, quantize_weight, reference_linear
 
 ROOT = Path(__file__).resolve().parent.parent
 lib = ck.kernels()
@@ -130,8 +130,8 @@ def test_without_a_compiler_the_tensor_ops_run(monkeypatch, tmp_path):
 
 AVX2_SCRIPT = r"""
 import sys, torch
-from mars.core import cpu_kernels as ck
-from mars.core.quant import quantize_weight
+from mars.runtime import kernels as ck
+from mars.runtime.quant import quantize_weight
 lib = ck.kernels()
 assert lib is not None, ck.unavailable_reason()
 g = torch.Generator().manual_seed(0)
@@ -147,7 +147,7 @@ ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, outs.long(
 hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
 a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
 logits = torch.randn(3, 1000, generator=g) * 5
-from mars.core.cpu_layers import attend
+from mars.runtime.cpu_layers import attend
 att = []
 for c in torch.load(sys.argv[3]):  # attention cases: (qkv, cos, sin, k, v, C, allowed, H, KV)
     qkv, cos, sin, k, v, C, allowed, H, KV = c
@@ -177,7 +177,7 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
     torch.save({"a": a, "b": b, "outs": torch.tensor([40, 24])}, tmp_path / "lora.pt")
     from test_cpu_layers import case, rope_rows
 
-    cases = []  # the C attention (mars.core.cpu_layers): hd 64 (16-key blocks with AVX-512), 16, and 40 (plain C)
+    cases = []  # the C attention (mars.runtime.cpu_layers): hd 64 (16-key blocks with AVX-512), 16, and 40 (plain C)
     for b_, W, C, H, KV, hd in ((2, 5, 41, 9, 3, 64), (1, 3, 20, 4, 2, 16), (1, 2, 9, 2, 1, 40)):
         qkv, k, v, allowed = case(b_, W, C, H, KV, hd, cap=C + W + 3, seed=hd)
         cases.append((qkv, *rope_rows(b_ * W, hd, seed=hd), k, v, C, allowed.to(torch.uint8), H, KV))
@@ -207,7 +207,7 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
                        ("top", ck.top_probs(logits, 5))):  # vectorized,
         # the same bits at any width
         assert all(torch.equal(u, v) for u, v in zip(got[name], want)), name
-    from mars.core.cpu_layers import attend
+    from mars.runtime.cpu_layers import attend
 
     for (qkv, cos, sin, k, v, C, allowed, H, KV), theirs in zip(cases, got["attend"]):
         mine = attend(lib, qkv, cos, sin, k, v, C, allowed, H, KV)
@@ -274,7 +274,7 @@ def test_c_gated_delta_takes_float16_values_only():
 def test_int8_matrix_steps_with_the_gated_delta_in_c(n):
     """normed, add_to and add_silu_to with a gate: the C delta at the mask rows equals the tensor ops' (to
     rounding), and the real rows are exactly the bare int8 matrix's (no delta at all)."""
-    from mars.core.fastpath import Gate
+    from mars.runtime.fastpath import Gate
 
     is_mask = torch.zeros(1, n, dtype=torch.bool)
     is_mask[0, 1:4] = True
@@ -344,7 +344,7 @@ def test_c_product_with_the_delta_in_the_same_call_equals_the_delta_after_it(amx
 def test_greedy_choice_and_its_probability_in_c_equal_the_tensor_ops():
     """argmax_conf: torch's argmax (the first of tied maxima) and softmax's probability of it, to rounding, for
     any leading shape and row stride; choose_and_score takes it for greedy "prob" on a CPU."""
-    from mars.core.acceptance import choose_and_score
+    from mars.decoding.acceptance import choose_and_score
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 5, 49152 + 7, generator=g) * 4  # a length past the vector width
@@ -370,7 +370,7 @@ def test_greedy_choice_and_its_probability_in_c_equal_the_tensor_ops():
 def test_top_candidates_in_c_equal_softmax_then_topk():
     """top_probs: the k likeliest tokens (earlier index first among equal values) and their softmax
     probabilities, as softmax + topk give them; acceptance.top_probs takes it on a CPU, the tensor ops elsewhere."""
-    from mars.core.acceptance import top_probs
+    from mars.decoding.acceptance import top_probs
 
     g = torch.Generator().manual_seed(6)
     x = torch.randn(3, 4, 49152 + 5, generator=g) * 4

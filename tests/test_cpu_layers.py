@@ -1,4 +1,4 @@
-"""The int8 fast path's attention and layer loop in C (mars/core/cpu_layers.py, source mars/core/layers_c.py):
+"""The int8 fast path's attention and layer loop in C (mars/runtime/cpu_layers.py, source mars/runtime/layers_c.py):
 attention against rotary + softmax in float64, a row's result independent of the rest of its pass (the
 lossless modes compare a row with itself in a 1-token pass), the whole-pass C loop equal to the per-layer
 path bit for bit (gated adapter included), and the switch back to the tensor ops."""
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import tiny
-from mars.core import cpu_kernels as ck
-from mars.core.cpu_layers import attend
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.core.fastpath import FastLM
+from mars.runtime import kernels as ck
+from mars.runtime.cpu_layers import attend
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
+from mars.runtime.fastpath import FastLM
 
 lib = ck.kernels()
 needs_c = pytest.mark.skipif(lib is None, reason=f"no C kernels: {ck.unavailable_reason()}")

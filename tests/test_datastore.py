@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from mars.core.datastore import MIN_COUNT, MIN_SHARE, ORDER, Datastore, store_values
+from mars.decoding.datastore import MIN_COUNT, MIN_SHARE, ORDER, Datastore, store_values
 
 
 def slow_table(seqs, order=ORDER, min_count=MIN_COUNT, min_share=MIN_SHARE):
@@ -66,9 +66,9 @@ def test_the_shipped_store_predicts_the_models_held_out_answers():
     import json
     from pathlib import Path
 
-    from mars.core.datastore import default_store
+    from mars.models.datastore import shipped_store
 
-    store = default_store()
+    store = shipped_store()
     root = Path(__file__).resolve().parents[1]
     held = [json.loads(line) for line in gzip.open(root / "data/selfdistill/heldout.jsonl.gz", "rt")][:20]
     drafted = right = 0
@@ -83,21 +83,22 @@ def test_the_shipped_store_predicts_the_models_held_out_answers():
     assert right / drafted > 0.3
 
 
-def test_missing_or_corrupt_files_turn_the_datastore_off_not_the_app(tmp_path, monkeypatch):
-    from mars.core import datastore
+def test_missing_or_corrupt_files_turn_the_datastore_off_not_the_app(tmp_path):
+    import warnings
+
+    from mars.models.datastore import read_store, shipped_store
 
     bad = tmp_path / "bad.jsonl.gz"
     bad.write_bytes(b"not gzip")
     with pytest.raises(OSError):
-        Datastore.from_files([bad])
+        read_store([bad])
     with pytest.raises(FileNotFoundError):
-        Datastore.from_files([tmp_path / "absent.jsonl"])
-    monkeypatch.setattr(datastore, "_DEFAULT", None)
-    monkeypatch.setattr(datastore, "_DEFAULT_ERROR", None)
-    monkeypatch.setattr(datastore, "DEFAULT_SOURCES", ("absent.jsonl",))
+        read_store([tmp_path / "absent.jsonl"])
     with pytest.warns(UserWarning, match="datastore drafts off"):
-        assert datastore.shipped_store() is None
-    assert datastore.shipped_store() is None  # once: no second warning, no second try
+        assert shipped_store(("absent.jsonl",), tmp_path) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: no second warning, no second try
+        assert shipped_store(("absent.jsonl",), tmp_path) is None
 
 
 def test_app_uses_the_datastore_for_the_default_model_only(tiny_lm, monkeypatch):
@@ -108,6 +109,7 @@ def test_app_uses_the_datastore_for_the_default_model_only(tiny_lm, monkeypatch)
     cfg = make_config("verified", 0.0, 2, 16, tree_nodes=4)
     assert fit_to_model(tiny_lm, cfg)[0].datastore is False  # the tiny model: not the table's tokenizer
     monkeypatch.setattr(tiny_lm, "name", "smollm2")
+    monkeypatch.setattr(tiny_lm, "datastore", None)  # the table it is handed is this test's only
     assert fit_to_model(tiny_lm, cfg)[0].datastore is True
     assert fit_to_model(tiny_lm, replace(cfg, tree_nodes=0))[0].datastore is False  # the chain: no tree
     monkeypatch.setenv("MARS_DATASTORE", "0")

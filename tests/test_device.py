@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars.core.backends import FastBackend, HFBackend
+from mars.runtime.backends import FastBackend, HFBackend
 from mars.models.device import DeviceError, default_dtype, env_device, is_oom, resolve_device
 from mars.models.loading import LoadError, load, locate_default_gguf
 

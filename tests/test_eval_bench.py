@@ -99,8 +99,8 @@ def test_bench_also_backends_run_each_core_method_on_each_backend(tiny_lm):
 
 def test_bench_tree_with_the_datastore_keeps_ar_text(tiny_lm, monkeypatch):
     """verified_tree_store: the tree with datastore chains (here a table of the tiny model's own answers); lossless."""
-    from mars.core.datastore import Datastore
-    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.decoding.datastore import Datastore
+    from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 
     prompts = ["what is the capital of france ?", "add 2 + 3"]
     ids = [encode_prompt(tiny_lm.tokenizer, p) for p in prompts]
@@ -279,7 +279,7 @@ def test_report_plots_are_written(tmp_path):
 
 
 def test_decoding_eval_rows_and_drift_control(tiny_lm):
-    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
     from mars.evaluation.evaluate import decoding_eval
 
     import tiny
@@ -321,7 +321,7 @@ def test_cli_eval_writes_report(tiny_dir, tmp_path):
 
 
 def test_decoding_eval_reports_stutters_and_the_repeat_guard(tiny_lm):
-    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
     from mars.evaluation.evaluate import decoding_eval
     from mars.evaluation.quality import stutter_rate
 

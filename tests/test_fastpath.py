@@ -1,4 +1,4 @@
-"""The fast path (mars/core/fastpath.py) against transformers' own forward, and the decoder on both backends."""
+"""The fast path (mars/runtime/fastpath.py) against transformers' own forward, and the decoder on both backends."""
 
 from types import SimpleNamespace
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import tiny
-from mars.core.backends import FastBackend, HFBackend, resolve_backend
-from mars.core import fastpath
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.core.fastpath import KVCache, fast_model, unsupported_reason
+from mars.runtime.backends import FastBackend, HFBackend, resolve_backend
+from mars.runtime import cpu, fastpath
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
+from mars.runtime.fastpath import KVCache, fast_model, unsupported_reason
 
 PROMPTS = ["what is the capital of france ?", "tell me a word", "write a long sentence about the water and the earth"]
 DEFAULT_PROMPTS = ["What is the capital of France?", "List three fruits.", "Explain why the sky is blue."]
@@ -55,7 +55,7 @@ def _compare(lm, rtol, atol, **fast_kw):
     assert len({len(e) for e in enc}) == len(enc)
     args = (enc, lm.mask_token_id, lm.tokenizer.pad_token_id or 0)
     ref = _scenario(HFBackend(lm.model), *args)
-    fast = _scenario(FastBackend(lm.model, len(enc), capacity=8, **fast_kw), *args)  # capacity 8: the cache grows
+    fast = _scenario(FastBackend(fast_model(lm.model, **fast_kw), len(enc), capacity=8), *args)  # capacity 8: grows
     assert len(ref) == len(fast)
     for a, b in zip(fast, ref):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
@@ -81,7 +81,7 @@ def test_fast_logits_equal_hf_default_model(default_lm):
 def test_bf16_weights_are_close_not_exact():
     """Where this CPU runs oneDNN bfloat16: close, not exact. Where it does not (AVX2 only): a clear refusal."""
     lm = tiny.make_loaded("llama", dtype=torch.float32)
-    reason = fastpath.bf16_unsupported_reason()
+    reason = cpu.bf16_unsupported_reason()
     if reason is not None:
         with pytest.raises(ValueError, match="AVX-512"):
             _compare(lm, rtol=1.0, atol=1.0, weight_dtype=torch.bfloat16)
@@ -96,22 +96,22 @@ AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}  # e.g. an A
 
 def test_cpu_flags_can_be_forced_for_an_avx2_only_run(monkeypatch):
     monkeypatch.setenv("MARS_CPU_FLAGS", "avx, avx2 fma")
-    assert fastpath.cpu_flags() == {"avx", "avx2", "fma"}
-    assert "AVX2 only" in fastpath.bf16_unsupported_reason()
+    assert cpu.cpu_flags() == {"avx", "avx2", "fma"}
+    assert "AVX2 only" in cpu.bf16_unsupported_reason()
     monkeypatch.setenv("MARS_CPU_FLAGS", "")
-    assert fastpath.cpu_flags() != {"avx", "avx2", "fma"}  # unset: this machine's own (a real CPU lists far more)
+    assert cpu.cpu_flags() != {"avx", "avx2", "fma"}  # unset: this machine's own (a real CPU lists far more)
 
 
 def test_bf16_support_follows_the_cpu_flags():
-    assert fastpath.bf16_unsupported_reason(AVX2_ONLY | {"avx512f"}) is not None  # avx512f alone is not enough
-    assert "fast" in fastpath.bf16_unsupported_reason(AVX2_ONLY)  # the message names what to use instead
-    assert fastpath.bf16_unsupported_reason(AVX2_ONLY | {"avx512bw", "avx512vl", "avx512dq"}) is None
-    assert fastpath.bf16_unsupported_reason(AVX2_ONLY | {"avx_ne_convert"}) is None
+    assert cpu.bf16_unsupported_reason(AVX2_ONLY | {"avx512f"}) is not None  # avx512f alone is not enough
+    assert "fast" in cpu.bf16_unsupported_reason(AVX2_ONLY)  # the message names what to use instead
+    assert cpu.bf16_unsupported_reason(AVX2_ONLY | {"avx512bw", "avx512vl", "avx512dq"}) is None
+    assert cpu.bf16_unsupported_reason(AVX2_ONLY | {"avx_ne_convert"}) is None
 
 
 def test_fast_bf16_is_refused_on_an_avx2_only_cpu(monkeypatch):
     """The refusal path, exercised on any machine by pretending the CPU has AVX2 only."""
-    monkeypatch.setattr(fastpath, "cpu_flags", lambda: set(AVX2_ONLY))
+    monkeypatch.setenv("MARS_CPU_FLAGS", " ".join(sorted(AVX2_ONLY)))
     lm = tiny.make_loaded("llama", seed=7, dtype=torch.float32)
     ids = [encode_prompt(lm.tokenizer, PROMPTS[0])]
     with pytest.raises(ValueError, match="use backend 'fast'"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from mars.models.loading import AdapterError, load
 from mars.training.objective import Example, build_batch, forward_batch, gated_forward
 from mars.training.train import LORA_TARGETS
@@ -187,7 +187,7 @@ def test_pass_cost_times_the_bare_and_the_gated_model_side_by_side(pair, load_sc
 def test_float32_fast_path_adds_the_gated_delta_to_its_packed_matrices_as_transformers_does(tiny_dir, gated_dir):
     """float32 is where the fast path runs oneDNN-packed copies of its fused matrices (q|k|v, gate|up) for
     passes of more than two rows, a MARS pass's case; the float64 tests above never reach that code."""
-    from mars.core.fastpath import FastLM
+    from mars.runtime.fastpath import FastLM
 
     gated = load(str(tiny_dir), adapter=str(gated_dir), dtype="float32")
     fast = FastLM(gated.model)

@@ -9,7 +9,7 @@ import torch
 
 import tiny
 from mars.models import hub
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from mars.models.loading import LoadError, load
 
 BLK4 = "Xalphinions/MARS-Qwen2.5-0.5B-blk4"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import tiny
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from mars.models.loading import DEFAULT_MASK_TOKEN, LoadError, load, locate_default_gguf
 
 

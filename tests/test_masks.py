@@ -4,8 +4,10 @@ the cache state's commit rule on a stub backend."""
 import torch
 
 import tiny
-from mars.core.cache import BlockCache
-from mars.core.masks import additive_mask, pass_mask, window_mask
+from mars.decoding.cache import BlockCache
+from mars.decoding.masks import pass_mask, window_mask
+from mars.runtime.attention import additive_mask
+from mars.runtime.backends import make_backend
 
 
 def rows(*lines: str) -> torch.Tensor:
@@ -63,7 +65,8 @@ class _StubRunner:
 
 def _cache(use_cache=True):
     lm = tiny.make_loaded("llama", seed=8)
-    cache = BlockCache(lm.model, "hf", prompt_len=5, pads=[0, 2], capacity=32, cache_block=4, use_cache=use_cache)
+    runner = make_backend(lm.model, "hf", 2, 32, use_cache)
+    cache = BlockCache(runner, prompt_len=5, pads=[0, 2], cache_block=4, use_cache=use_cache)
     cache.runner = _StubRunner()
     return cache
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mars.core.decoding import DecodeConfig, decode_steps
-from mars.core.masks import mars_attention_mask
+from mars.decoding.decoder import DecodeConfig, decode_steps
+from mars.decoding.masks import mars_attention_mask
 from mars.training.objective import Example, build_batch, forward_batch, mars_loss
 
 # L=8, B=4: columns c0..c7 (clean) then n0..n7 (noisy); rows are queries in the same order.
@@ -134,7 +134,7 @@ def test_training_and_inference_alignment_tiny(tiny_lm):
 
 def test_training_and_inference_alignment_default_model(default_lm):
     tok = default_lm.tokenizer
-    from mars.core.decoding import encode_prompt
+    from mars.decoding.decoder import encode_prompt
 
     prompt = encode_prompt(tok, "Name three rivers in Europe.")
     resp = tok(" The Danube, the Rhine and the Seine are three long rivers in Europe.", add_special_tokens=False)["input_ids"]
@@ -271,7 +271,7 @@ b4 11100 00000 00011
 
 
 def test_two_noisy_copies_mask_equals_hand_written_matrix():
-    from mars.core.masks import multi_copy_mask
+    from mars.decoding.masks import multi_copy_mask
 
     # L=5, B=2: copy a on the grid {0,1}{2,3}{4}, copy b shifted by 1: {0}{1,2}{3,4}
     rows = ["".join(line.split()[1:]) for line in HAND_TWO_COPIES.strip().splitlines()]
@@ -294,7 +294,7 @@ def test_batch_layout_with_two_shifted_copies():
     assert batch.position_ids[0, Lc:].tolist() == list(range(8)) + list(range(7))
     assert batch.clean_labels[0].tolist() == [-100, -100, 21, 22, 23, 2, 2, -100]
     assert batch.noisy_labels[0].tolist() == [-100, -100, 21, 22, 23, 2, 2, -100] + [-100, -100, 21, 22, 23, 2, -100]
-    from mars.core.masks import multi_copy_mask
+    from mars.decoding.masks import multi_copy_mask
 
     assert torch.equal(batch.attention_mask[0, 0], multi_copy_mask(8, 2, [(0, 8, 0), (0, 7, 1)]))
 

@@ -23,7 +23,7 @@ from fake_hub import GB, FakeHub
 from mars.app import serving
 from mars.app.inputs import app_backend, sanitize_text
 from mars.app.policy import Policy
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from tiny import make_loaded, save_tiny
 
 TOKEN = "operator-token-0123456789"

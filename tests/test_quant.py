@@ -1,4 +1,4 @@
-"""int8 matrices (mars/core/quant.py, backend "fast-int8"): the kernel against a by-hand quantized product,
+"""int8 matrices (mars/runtime/quant.py, backend "fast-int8"): the kernel against a by-hand quantized product,
 rows independent (batch = alone, verified = the int8 model's own AR greedy), float gated deltas, and the same
 exact integers on a CPU without VNNI (oneDNN limited to AVX2 in a subprocess)."""
 
@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import tiny
-from mars.core.backends import BACKENDS, FastBackend, HFBackend
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
-from mars.core.quant import RESIDUAL_STEPS, WEIGHT_MAX, Int8Linear, quantize_rows2, quantize_weight, reference_linear
+from mars.runtime.fastpath import fast_model
+from mars.runtime.backends import BACKENDS, FastBackend, HFBackend
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
+from mars.runtime.quant import RESIDUAL_STEPS, WEIGHT_MAX, Int8Linear, quantize_rows2, quantize_weight, reference_linear
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["what is the capital of france ?", "tell me a word", "write a long sentence about the water and the earth"]
@@ -84,7 +85,7 @@ def test_fast_int8_is_a_backend_and_close_to_float():
     P = ids.shape[1]
     args = (ids, torch.arange(P)[None], torch.tril(torch.ones(P, P, dtype=torch.bool))[None], list(range(P)))
     ref = HFBackend(lm.model).forward(*args)
-    q = FastBackend(lm.model, 1, P, torch.int8).forward(*args)
+    q = FastBackend(fast_model(lm.model, torch.int8), 1, P).forward(*args)
     err = (q - ref).norm() / ref.norm()
     assert 0 < err < 0.3  # a random 2-layer model: errors of 7-bit weights and 8-bit rows add up, not blow up
 
@@ -144,8 +145,8 @@ AVX2_SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, "tests")
 import tiny
-from mars.core.quant import WEIGHT_MAX
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.runtime.quant import WEIGHT_MAX
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 torch.set_num_threads(1)
 ok = True
 for M in (1, 5):  # the worst case for 16-bit pair sums: every product at its largest magnitude

@@ -1,4 +1,4 @@
-"""The fixed-shape path (mars/core/static.py) on the CPU: the same tokens as the fast and transformers paths,
+"""The fixed-shape path (mars/runtime/static.py) on the CPU: the same tokens as the fast and transformers paths,
 a step that compiles without graph breaks at every bucket, and a bounded number of shapes.
 
 On a GPU the same step is replayed as CUDA graphs; nothing here needs one (the CPU runs it without graphs)."""
@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import tiny
-from mars.core import static
-from mars.core.acceptance import _in_one_copy, to_host
-from mars.core.backends import HFBackend, resolve_backend
-from mars.core.decoding import DecodeConfig, decode_steps, encode_prompt, generate_ids
-from mars.core.static import BATCHES, WIDTHS, StaticBackend, StaticLM, bucket, round_capacity, static_model
+from mars.runtime import static
+from mars.decoding.acceptance import _in_one_copy, to_host
+from mars.runtime.backends import HFBackend, resolve_backend
+from mars.decoding.decoder import DecodeConfig, decode_steps, encode_prompt, generate_ids
+from mars.runtime.static import BATCHES, WIDTHS, StaticBackend, StaticLM, bucket, round_capacity, static_model
 from test_fastpath import PROMPTS, _scenario
 
 CONFIGS = [dict(mode="ar"), dict(mode="mars", tau=1.0), dict(mode="mars", tau=0.7), dict(mode="mars", tau=0.0, block_size=3),
@@ -313,7 +313,7 @@ def test_static_model_follows_weight_changes_and_frees_the_old_one():
 
 def test_live_tau_reaches_the_next_pass(tiny_lm):
     """tau is not part of any graph (the acceptance runs after the pass), so a slider still steers a run."""
-    from mars.core.decoding import DecodeControl, stream
+    from mars.decoding.decoder import DecodeControl, stream
 
     control = DecodeControl()
     seen = []

@@ -1,13 +1,13 @@
-"""Tree drafts (mars.core.tree): the tree is grown, laid out and walked as written, and the verified mode
+"""Tree drafts (mars.decoding.tree): the tree is grown, laid out and walked as written, and the verified mode
 with a tree reproduces AR greedy decoding token for token: alone, in a batch, uncached, both backends, the
 tiny Llama and Qwen2 and the default model, node budgets from 1 to 64."""
 
 import pytest
 import torch
 
-from mars.core.decoding import DecodeConfig, decode_steps, encode_prompt, generate_ids
-from mars.core.masks import tree_depths, window_mask
-from mars.core.tree import DraftTree, default_tree_nodes, depth_first, group_anchors, grow_tree, top_candidates, walk
+from mars.decoding.decoder import DecodeConfig, decode_steps, encode_prompt, generate_ids
+from mars.decoding.masks import tree_depths, window_mask
+from mars.decoding.tree import DraftTree, default_tree_nodes, depth_first, group_anchors, grow_tree, top_candidates, walk
 
 PROMPTS = [
     "what is the capital of france ?",
@@ -111,7 +111,7 @@ def ar_of(lm, ids, n):
     ("llama", "hf", 1, "all", 4), ("qwen2", "fast", 1, "last", 4), ("llama", "fast", 3, "last:3", 4),
     ("qwen2", "hf", 8, "all", 3), ("llama", "fast", 16, "all", 4), ("qwen2", "fast", 16, "last:2", 4),
     ("llama", "hf", 64, "last", 2), ("qwen2", "hf", 64, "all", 4), ("llama", "fast", 64, "all", 4),
-    # the GPU's fixed-shape path (mars.core.static), run on the CPU without graphs: a tree's width varies
+    # the GPU's fixed-shape path (mars.runtime.static), run on the CPU without graphs: a tree's width varies
     # pass by pass, so its buckets and padded columns are exercised too
     ("llama", "static", 8, "all", 4), ("qwen2", "static", 16, "last", 4)])
 def test_tree_reproduces_ar_greedy_alone_batched_and_uncached(tiny_lm, tiny_qwen, arch, backend, nodes, groups, B):
@@ -136,7 +136,7 @@ def test_tree_reproduces_ar_greedy_alone_batched_and_uncached(tiny_lm, tiny_qwen
 def test_tree_groups_set_how_many_mask_groups_a_pass_carries(tiny_lm, tree_groups):
     """verify_groups "last" puts DecodeConfig.tree_groups mask groups (of B-1 masks) on the tree's likeliest
     ends, so a pass feeds its real tokens, the N nodes and that many groups; "all" one per node and the root."""
-    from mars.core.modes import make_mode
+    from mars.decoding.modes import make_mode
 
     ids = encode_prompt(tiny_lm.tokenizer, PROMPTS[0])
     B, nodes = 3, 4
@@ -160,7 +160,7 @@ def test_tree_groups_set_how_many_mask_groups_a_pass_carries(tiny_lm, tree_group
     full = [(n, g) for n, g in seen if n == nodes]  # passes with a whole tree (the first has no candidates yet)
     assert full and all(len(g) == tree_groups and all(k == B - 1 for _, k in g) for _, g in full)
     if tree_groups == 1:  # the default on a CPU model: None picks it by device (a GPU keeps 3)
-        from mars.core.tree import default_tree_groups
+        from mars.decoding.tree import default_tree_groups
 
         default = DecodeConfig(**kw, verify_groups="last")
         assert default.tree_groups is None and make_mode(default, tiny_lm).groups == 1
@@ -172,11 +172,11 @@ def test_tree_groups_set_how_many_mask_groups_a_pass_carries(tiny_lm, tree_group
 
 
 @pytest.mark.parametrize("cache_block", [3, 8])
-def test_paths_off_the_top1_chain_are_re_fed_and_stay_exact(tiny_lm, monkeypatch, cache_block):
+def test_paths_off_the_top1_chain_are_re_fed_and_stay_exact(tiny_lm, cache_block):
     """Oracle drafts that put the right token second at some depths: accepted paths leave the top-1 chain,
     whose KV the cache cannot keep in place; they are fed again as real tokens next pass, and the text stays
     AR's, alone and in a batch."""
-    import mars.core.tree as tree_module
+    import mars.decoding.tree as tree_module
 
     ids = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS]
     ar = ar_of(tiny_lm, ids, 40)
@@ -197,14 +197,18 @@ def test_paths_off_the_top1_chain_are_re_fed_and_stay_exact(tiny_lm, monkeypatch
             off_chain.append(out.n_verified < len(out.tree_path))
             return out
 
-    monkeypatch.setattr(tree_module, "TreeMode", Oracle)
     cfg = DecodeConfig(mode="verified", tree_nodes=12, block_size=4, tau=0.0, max_new_tokens=40,
                        cache_block=cache_block)
-    alone = [generate_ids(tiny_lm, [p], cfg)[0] for p in ids]
+
+    def oracle():  # a mode object per run, as the decoder makes its own (the mode= it is handed)
+        return Oracle(cfg.tree_nodes, cfg.verify_groups, None, cfg.drafts, tree_module.default_tree_groups("cpu"),
+                      None, V)
+
+    alone = [generate_ids(tiny_lm, [p], cfg, mode=oracle())[0] for p in ids]
     assert [r.token_ids for r in alone] == ar
     assert sum(r.tokens for r in alone) / sum(r.passes for r in alone) > 2.5  # the oracle's paths were taken
     assert any(off_chain)
-    assert [r.token_ids for r in generate_ids(tiny_lm, ids, cfg)] == ar
+    assert [r.token_ids for r in generate_ids(tiny_lm, ids, cfg, mode=oracle())] == ar
 
 
 def test_lookup_copies_enter_the_tree_on_repetitive_text(tiny_lm):
@@ -247,7 +251,7 @@ def test_records_carry_the_tree_into_the_runs_json(tiny_lm):
 
 
 def test_tree_nodes_are_checked_once_in_the_config():
-    from mars.core.decoding import MAX_TREE_NODES
+    from mars.decoding.decoder import MAX_TREE_NODES
 
     assert DecodeConfig(mode="verified", tree_nodes=8.0).tree_nodes == 8
     assert DecodeConfig(mode="verified", tree_nodes=None).tree_nodes == 0
@@ -327,7 +331,7 @@ def _grow_tree_slow(dists, copies, budget, tau=0.0, copy_share=()):
     """tree.grow_tree as first written: every child pushed when its parent enters (the obvious best-first)."""
     import heapq
 
-    from mars.core.tree import DraftTree, _depth, depth_first
+    from mars.decoding.tree import DraftTree, _depth, depth_first
 
     tree, at, heap, seq = DraftTree(), {}, [], 0
 
@@ -394,7 +398,7 @@ def test_datastore_chains_stay_exact_and_add_tokens_per_pass(tiny_lm, monkeypatc
     """A datastore built from the model's own greedy answers (here: to the same prompts, the best case) feeds
     chains that the check accepts; one built from noise is rejected; the text is AR's either way, alone and
     batched."""
-    from mars.core.datastore import Datastore
+    from mars.decoding.datastore import Datastore
 
     ids = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS]
     ar = ar_of(tiny_lm, ids, 40)

@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 import pytest
 
 from mars.app import viz
-from mars.core.records import PassRecord
-from mars.core.masks import mars_attention_mask
+from mars.decoding.records import PassRecord
+from mars.decoding.masks import mars_attention_mask
 
 XSS = ["<script>alert(1)</script>", '<img src=x onerror="alert(1)">']
 
@@ -125,8 +125,8 @@ def test_standalone_page_is_complete():
 
 
 def test_tokens_per_pass_figure():
-    from mars.core.decoding import DecodeConfig
-    from mars.core.records import RunRecord
+    from mars.decoding.decoder import DecodeConfig
+    from mars.decoding.records import RunRecord
 
     fig = viz.make_tokens_per_pass_figure(RunRecord(DecodeConfig(), [1]).add(RECORDS), 4)
     bar, ar = fig.data

@@ -1,6 +1,6 @@
 """The paper's Figure 4, live: up to 8 prompts decoded as ONE batch on the block-level KV cache.
 
-Plain Python over the decoder core (`mars.core.decoding.decode_steps`), testable without Gradio:
+Plain Python over the decoder core (`mars.decoding.decoder.decode_steps`), testable without Gradio:
 - `parse_batch_prompts`: the textbox (one prompt per line) into 1..MAX_BATCH checked prompts;
 - `run_batch`: the batch's state after every pass (each row's `RunRecord`, filled as the passes arrive,
   and its idle passes), on one shared time axis;
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator
 
 from mars.app.serving import one_at_a_time
-from mars.core.decoding import DecodeConfig, DecodeControl, decode_steps
-from mars.core.records import PassRecord, RunRecord, RunTotals
+from mars.decoding.decoder import DecodeConfig, DecodeControl, decode_steps
+from mars.decoding.records import PassRecord, RunRecord, RunTotals
 
 MAX_BATCH = 8  # rows shown at once; the paper's Figure 4 uses 4
 
@@ -117,15 +117,15 @@ class BatchState:
 
 
 def _timed_steps(lm, prompt_ids: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None,
-                 lock) -> Iterator[tuple[list[PassRecord], float]]:
+                 lock, backend=None) -> Iterator[tuple[list[PassRecord], float]]:
     """decode_steps, one pass at a time through `lock` (the app's pass slot, or a lock), with each pass's
     measured wall time (the core's own timing when a record carries it)."""
-    for records, took in one_at_a_time(decode_steps(lm, prompt_ids, cfg, control), lock):
+    for records, took in one_at_a_time(decode_steps(lm, prompt_ids, cfg, control, backend=backend), lock):
         yield records, (records[0].seconds if records else took)
 
 
 def run_batch(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: DecodeConfig,
-              control: DecodeControl | None = None, lock=None) -> Iterator[BatchState]:
+              control: DecodeControl | None = None, lock=None, backend=None) -> Iterator[BatchState]:
     """Decode the prompts as one batch; yield the state after every forward pass, and once more at the end."""
     if not 1 <= len(prompt_ids) <= MAX_BATCH or len(prompts) != len(prompt_ids):
         raise ValueError(f"a batch holds 1 to {MAX_BATCH} prompts, got {len(prompt_ids)}")
@@ -134,7 +134,7 @@ def run_batch(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: DecodeCo
                 "max_new_tokens": cfg.max_new_tokens, "batch_size": len(prompt_ids)}
     state = BatchState([BatchRow(i, p, RunRecord(cfg, list(ids)))
                         for i, (p, ids) in enumerate(zip(prompts, prompt_ids))], settings)
-    for records, seconds in _timed_steps(lm, prompt_ids, cfg, control, lock):
+    for records, seconds in _timed_steps(lm, prompt_ids, cfg, control, lock, backend):
         index = state.batch_passes
         proposed = {rec.row for rec in records}
         for rec in records:

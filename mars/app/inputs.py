@@ -1,7 +1,7 @@
 """What a visitor or an API client can send, made into a run: the prompt's checks, and the server's caps.
 
 Values arrive from sliders, JSON clients and raw HTTP, so any type can show up. A run's settings are checked
-by DecodeConfig and the checkers beside it (mars.core.decoding), so the app gives the core's messages; this module
+by DecodeConfig and the checkers beside it (mars.decoding.decoder), so the app gives the core's messages; this module
 adds only the server's lower caps (MAX_BLOCK, MARS_MAX_NEW_TOKENS, MARS_MAX_PROMPT_TOKENS), with those checkers.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 
-from mars.core.decoding import DEFAULT_CACHE_BLOCK, DecodeConfig, check_choice, check_context, check_int, encode_prompt
+from mars.decoding.decoder import DEFAULT_CACHE_BLOCK, DecodeConfig, check_choice, check_context, check_int, encode_prompt
 
 MAX_BLOCK = 16  # the block-size slider's cap on this server, below the library's MAX_BLOCK_SIZE (CPU time)
 MAX_TREE_NODES_APP = 64  # the tree-nodes slider's cap on this server, below the library's MAX_TREE_NODES (CPU time)
@@ -38,7 +38,7 @@ def mode_block(mode: str, lm=None) -> int:
     """The block size the page's slider takes for a mode (page load, mode switch, model switch): the model's
     trained B (the library's default without a model), but at most VERIFIED_CPU_BLOCK for verified mode on a
     CPU. The API's block_size defaults are fixed in its signature and do not follow this."""
-    from mars.core.decoding import DEFAULT_BLOCK_SIZE
+    from mars.decoding.decoder import DEFAULT_BLOCK_SIZE
 
     trained = lm.default_block_size if lm is not None else DEFAULT_BLOCK_SIZE
     on_cpu = lm is None or str(getattr(lm.model, "device", "cpu")).startswith("cpu")
@@ -48,25 +48,28 @@ def mode_block(mode: str, lm=None) -> int:
 
 
 def app_datastore(lm) -> bool:
-    """Whether a tree also drafts from the datastore (mars.core.datastore): for the default model, whose
-    own answers the table holds, unless MARS_DATASTORE=0 or its files cannot be read. The first call builds
-    the table (~4 s): the server's warm-up makes it."""
-    from mars.core.datastore import shipped_store
+    """Whether a tree also drafts from the datastore (mars.decoding.datastore): for the default model, whose
+    own answers the table holds, unless MARS_DATASTORE=0 or its files cannot be read. The first call reads the
+    table (~4 s) and hands it to the decoder on `lm.datastore`: the server's warm-up makes it."""
+    from mars.models.datastore import shipped_store
     from mars.models.loading import DEFAULT_MODEL
 
-    return (lm.name == DEFAULT_MODEL and os.environ.get("MARS_DATASTORE", "1") != "0"
-            and shipped_store() is not None)  # missing or corrupt files: off, with one warning
+    if lm.name != DEFAULT_MODEL or os.environ.get("MARS_DATASTORE", "1") == "0":
+        return False
+    if lm.datastore is None:
+        lm.datastore = shipped_store()  # missing or corrupt files: None, with one warning
+    return lm.datastore is not None
 
 
 def app_pass_costs(lm, backend: str):
-    """This machine's pass costs (mars.core.costs.PassCosts) for `lm` on `backend`, measured once (~0.8 s, on the
+    """This machine's pass costs (mars.decoding.costs.PassCosts) for `lm` on `backend`, measured once (~0.8 s, on the
     caller's thread: the app's model thread) and kept on the model; None where the app sends no tree (a GPU, a
     model without a mask token) or MARS_TREE_CUT=0 (every tree sends its N nodes and its mask group)."""
     if os.environ.get("MARS_TREE_CUT", "1") == "0" or lm.mask_token_id is None or not app_tree_nodes() \
             or not isinstance(getattr(lm, "pass_costs", None), dict):
         return None
     if backend not in lm.pass_costs:
-        from mars.core.costs import measure_pass_costs
+        from mars.decoding.costs import measure_pass_costs
 
         try:
             lm.pass_costs[backend] = measure_pass_costs(lm, backend)
@@ -78,10 +81,10 @@ def app_pass_costs(lm, backend: str):
 
 def app_tree_nodes() -> int:
     """The tree-nodes slider's starting value. On a CPU (MARS_DEVICE resolved): the CPU's tree,
-    mars.core.tree.DEFAULT_TREE_NODES["cpu"] (4 nodes, with DecodeConfig.tree_groups' one mask group: 1.10-1.13x
+    mars.decoding.tree.DEFAULT_TREE_NODES["cpu"] (4 nodes, with DecodeConfig.tree_groups' one mask group: 1.10-1.13x
     int8 AR against the chain's 1.06x on 10 held-out prompts, docs/tree.md). On a GPU 0, the chain: trees are
     not measured there yet. The API's verified endpoint keeps the chain."""
-    from mars.core.tree import DEFAULT_TREE_NODES
+    from mars.decoding.tree import DEFAULT_TREE_NODES
     from mars.models.device import DeviceError, env_device
 
     try:
@@ -125,11 +128,11 @@ def _seconds(name: str, default: float) -> float:
 
 
 def app_backend() -> str:
-    """What runs the model for every visitor: MARS_BACKEND when set (any of mars.core.backends.BACKENDS), else
+    """What runs the model for every visitor: MARS_BACKEND when set (any of mars.runtime.backends.BACKENDS), else
     "auto-int8": int8 matrices where the fast path runs on a CPU (issue 24: a quarter of float32's bytes per
     pass, its greedy text's NLL within 3% of float32's on the held-out prompts), transformers elsewhere. The
     lossless modes then give exactly the int8 model's greedy text; MARS_BACKEND=auto keeps float32."""
-    from mars.core.backends import BACKENDS
+    from mars.runtime.backends import BACKENDS
 
     return check_choice("MARS_BACKEND", os.environ.get("MARS_BACKEND", "").strip() or "auto-int8", BACKENDS)
 
@@ -138,14 +141,14 @@ BACKEND_LABELS = {  # the Model panel's words for what runs the model
     "fast-int8": "int8 matrices (fast path): the lossless modes give exactly this int8 model's greedy text",
     "fast": "float32 matrices (fast path)",
     "fast-bf16": "bfloat16 matrices (fast path): the lossless modes give exactly this model's greedy text",
-    "static": "fixed shapes replayed as CUDA graphs (mars.core.static), the default off the CPU",
+    "static": "fixed shapes replayed as CUDA graphs (mars.runtime.static), the default off the CPU",
     "hf": "transformers",
 }
 
 
 def backend_label(lm) -> str:
     """The backend every visitor's runs use on this model, in words (Model panel)."""
-    from mars.core.backends import resolve_backend
+    from mars.runtime.backends import resolve_backend
 
     name = resolve_backend(lm.model, app_backend())
     return f"{name}: {BACKEND_LABELS[name]}"
@@ -211,9 +214,9 @@ def make_config(
     setting; this server only caps two lower than the library, with the same checker.
     Verified mode runs at its best lossless setting: one mask group after all drafts (the fastest on a CPU),
     and each pass's drafts from the masks or copied from the text (n-gram lookup), whichever is expected to
-    be accepted more (mars.core.modes.prefer_lookup); the inspector says which. backend: `app_backend()` unless
+    be accepted more (mars.decoding.modes.prefer_lookup); the inspector says which. backend: `app_backend()` unless
     given. tree_nodes > 0 (verified only; other modes ignore the slider): a draft tree of that many nodes per
-    pass (mars.core.tree)."""
+    pass (mars.decoding.tree)."""
     return DecodeConfig(
         mode=mode,
         block_size=check_int("block size", block_size, 1, MAX_BLOCK),
@@ -235,7 +238,7 @@ def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
     is resolved for this model ("auto-int8" -> "fast-int8" or "hf"), so the trace names what ran."""
     from dataclasses import replace
 
-    from mars.core.backends import resolve_backend
+    from mars.runtime.backends import resolve_backend
 
     cfg = replace(cfg, backend=resolve_backend(lm.model, cfg.backend))
     notes = []

@@ -24,9 +24,9 @@ import torch
 
 from mars.app.inputs import app_backend, app_datastore, app_pass_costs, sanitize_text
 from mars.app import model_thread
-from mars.core.backends import resolve_backend
-from mars.core.decoding import DecodeConfig, DecodeControl, stream
-from mars.core.records import PassRecord
+from mars.runtime.backends import resolve_backend
+from mars.decoding.decoder import DecodeConfig, DecodeControl, stream
+from mars.decoding.records import PassRecord
 
 LOG = logging.getLogger("mars.app")
 
@@ -98,6 +98,8 @@ class ModelHolder:
         self._loader: threading.Thread | None = None
         self.threads = threads or pass_threads()
         self.pass_slot = PassSlot(self)  # every forward pass runs through it: `holder.pass_slot.run(fn, ...)`
+        # what runs the model for every visitor's run (decode_steps' `backend`); None: the backend cfg names
+        self.backend = None
 
     def start(self) -> None:
         """Load and warm up in a background thread now, so the first visitor does not wait for it."""
@@ -166,7 +168,7 @@ class ModelHolder:
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:
         """`decoding.stream`, one forward pass at a time on the model thread (`pass_slot`), on `self.threads`
         threads."""
-        for rec, _ in one_at_a_time(stream(lm, prompt_ids, cfg, control), self.pass_slot):
+        for rec, _ in one_at_a_time(stream(lm, prompt_ids, cfg, control, backend=self.backend), self.pass_slot):
             yield rec
 
 

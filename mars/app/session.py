@@ -6,8 +6,8 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from mars.core.decoding import DecodeConfig, DecodeControl, check_tau
-from mars.core.records import RunRecord
+from mars.decoding.decoder import DecodeConfig, DecodeControl, check_tau
+from mars.decoding.records import RunRecord
 
 
 def _pieces(tokenizer, ids: list[int]) -> list[str]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterator
 
-from mars.core.decoding import DecodeConfig, DecodeControl, check_tau
-from mars.core.records import RunRecord
+from mars.decoding.decoder import DecodeConfig, DecodeControl, check_tau
+from mars.decoding.records import RunRecord
 
 
 def parse_taus(text: str) -> list[float]:

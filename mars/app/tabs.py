@@ -26,7 +26,7 @@ import gradio as gr
 from mars.app import batch_viz, viz
 from mars.app.batch import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
 from mars.app.model_thread import in_own_thread
-from mars.core.decoding import DecodeControl
+from mars.decoding.decoder import DecodeControl
 from mars.models.hub import DEFAULT_CHOICE, PAPER_CHECKPOINTS, SOURCE, load_checkpoint, model_choices
 
 CHART_EVERY_S = 1.0  # the timeline is redrawn at most this often while a batch streams (rows: every pass)
@@ -108,7 +108,7 @@ def make_batch_runner(get_lm: Callable[[], object], pass_slot=None, check_prompt
         skip = gr.update()
         last_chart, state, comp = 0.0, None, None
         try:
-            for state in run_batch(lm, prompts, ids, cfg, control, pass_slot):
+            for state in run_batch(lm, prompts, ids, cfg, control, pass_slot, pass_slot.holder.backend):
                 chart = skip
                 if state.done or time.perf_counter() - last_chart > CHART_EVERY_S:
                     chart, last_chart = batch_viz.make_batch_timeline_figure(state, axis), time.perf_counter()

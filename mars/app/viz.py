@@ -487,7 +487,7 @@ def make_race_figure(mars: Sequence, ar: Sequence | None = None) -> go.Figure:
 
 def make_mask_heatmap(length: int, block_size: int, noisy_start: int = 0) -> go.Figure:
     """The training attention mask over [clean | noisy] (masks.mars_attention_mask), rows = queries."""
-    from mars.core.masks import mars_attention_mask
+    from mars.decoding.masks import mars_attention_mask
 
     mask = mars_attention_mask(length, block_size, noisy_start).int().tolist()  # (2L - s, 2L - s)
     labels = [f"c{t}" for t in range(length)] + [f"n{t}" for t in range(noisy_start, length)]

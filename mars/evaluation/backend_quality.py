@@ -16,7 +16,7 @@ def backend_quality(lm, scorer, prompts: list[list[int]], backends: tuple[str, .
 
     `lm` decodes (bare, or with an adapter for mode "mars"); `scorer` is the bare float model that judges.
     """
-    from mars.core.decoding import DecodeConfig, generate_ids
+    from mars.decoding.decoder import DecodeConfig, generate_ids
     from mars.evaluation.evaluate import known_answer_accuracy
     from mars.evaluation.quality import mean_nll, prefix_match
 

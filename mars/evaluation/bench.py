@@ -12,11 +12,11 @@ Methods, all on the same prompts and model:
          per pass
   verified_lookup the same lossless check on drafts copied by n-gram lookup (prompt lookup on this core)
   verified_both   drafts from the masks or from lookup, whichever is expected to be accepted more
-         (mars.core.modes.prefer_lookup); one mask group after the drafts, as verified_last
-  verified_tree   the same lossless check on a tree of drafts (mars.core.tree): mask candidates and lookup
+         (mars.decoding.modes.prefer_lookup); one mask group after the drafts, as verified_last
+  verified_tree   the same lossless check on a tree of drafts (mars.decoding.tree): mask candidates and lookup
          copies, N nodes a pass for each N of `tree_nodes` (a run named verified_tree:N), a mask group on every
          node; verified_tree_last: groups only on the few nodes likeliest to end the path (narrower passes);
-         verified_tree_store: verified_tree_last with the datastore's chains (mars.core.datastore; the default
+         verified_tree_store: verified_tree_last with the datastore's chains (mars.decoding.datastore; the default
          model's token ids)
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
 `also_backends` runs the core's methods again on other backends (`ar@fast-int8`, ...), interleaved, all
@@ -34,8 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mars.core.decoding import DEFAULT_CACHE_BLOCK, DEFAULT_REPEAT_TAU
-from mars.core.records import RunTotals
+from mars.decoding.decoder import DEFAULT_CACHE_BLOCK, DEFAULT_REPEAT_TAU
+from mars.decoding.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both",
            "verified_tree", "verified_tree_last", "verified_tree_store", "jacobi")
@@ -65,8 +65,8 @@ class BenchConfig:
     repeat_tau: float | None = DEFAULT_REPEAT_TAU  # mars: the repeat guard (DecodeConfig.repeat_tau), None = off
 
     def __post_init__(self):
-        from mars.core.backends import BACKENDS
-        from mars.core.decoding import MAX_TREE_NODES, check_int
+        from mars.runtime.backends import BACKENDS
+        from mars.decoding.decoder import MAX_TREE_NODES, check_int
 
         # a tree method may name its own node budget ("verified_tree:4"), beside the shared `tree_nodes`
         bad = [m for m in self.methods if m not in METHODS and not (
@@ -185,7 +185,7 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
 
 
 def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto", repeat_tau=DEFAULT_REPEAT_TAU):
-    from mars.core.decoding import DecodeConfig, generate_ids
+    from mars.decoding.decoder import DecodeConfig, generate_ids
 
     mode, _, other = mode.partition("@")  # "mars@fast-int8": the same method on another backend
     backend = other or backend
@@ -195,6 +195,10 @@ def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend=
                        block_size=block, cache_block=cache_block, max_new_tokens=max_new, backend=backend,
                        verify_groups=groups, drafts=drafts, tree_nodes=int(nodes or 0), repeat_tau=repeat_tau,
                        datastore=mode == "verified_tree_store")
+    if cfg.datastore and getattr(lm, "datastore", None) is None:
+        from mars.models.datastore import shipped_store
+
+        lm.datastore = shipped_store()  # the table the decoder drafts from (None: unreadable, masks and text only)
     runs = generate_ids(lm, batch, cfg)
     return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
@@ -243,7 +247,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
     and on stderr; the others go on. Methods are interleaved batch by batch (all methods on batch 1, then all on batch 2, ...), so a
     background load on the machine falls on all of them alike and the ratios stay fair.
     """
-    from mars.core.decoding import encode_prompt
+    from mars.decoding.decoder import encode_prompt
     from mars.evaluation.quality import mean_nll, prefix_match
 
     block = cfg.block_size or lm.default_block_size

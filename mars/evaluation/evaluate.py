@@ -34,7 +34,7 @@ def draft_accuracy(lm, examples: list[Example], block_size: int, bins: int = 10,
     """Teacher-forced: noisy blocks over each example's response; targets are the response tokens.
 
     `temperatures`: per mask index (1..B-1) temperatures applied to the drafts' logits before their
-    confidence is measured (the calibration `mars.core.acceptance.calibrate_logits` applies at decoding).
+    confidence is measured (the calibration `mars.decoding.acceptance.calibrate_logits` applies at decoding).
     """
     B = block_size
     hits: Counter = Counter()
@@ -171,9 +171,9 @@ def decoding_eval(lm, bare, prompts: list[list[int]], taus, block_size: int, max
     With a separate `bare` model, also the drift control: each tau's agreement with the bare model's own
     greedy text (at tau 1.0 that is how far the adapter moved the model's AR behaviour).
     """
-    from mars.core.decoding import DecodeConfig, generate_ids
+    from mars.decoding.decoder import DecodeConfig, generate_ids
     from mars.evaluation.quality import mean_nll, prefix_match, stutter_rate
-    from mars.core.records import RunTotals
+    from mars.decoding.records import RunTotals
 
     if repeat_tau == "default":
         repeat_tau = DecodeConfig.repeat_tau

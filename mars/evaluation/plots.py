@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mars.core.records import stored
+from mars.decoding.records import stored
 
 
 def _plt():

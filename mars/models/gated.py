@@ -10,7 +10,7 @@ every position and keeps the AR head close to the base only through the clean co
 The gate is one rule everywhere: gate = (input id == mask token id), row by row.
   training      peft's LoRA layers, with each lora_B output multiplied by the gate (`gate_peft_model`)
   inference     the bare model plus the deltas read from the adapter folder (`GatedLoRA`): transformers'
-                forward through forward hooks, the fast path (mars.core.fastpath) in its own Linear
+                forward through forward hooks, the fast path (mars.runtime.fastpath) in its own Linear
 An adapter is gated when its mars.json says `"gated": true`; `mars.models.loading.load` then attaches it
 instead of merging it.
 """

@@ -51,13 +51,16 @@ class LoadedModel:
     trained_block_size: int | None  # from the adapter's mars.json, when known
     warnings: list[str] = field(default_factory=list)
     calibration: dict | None = None  # mars.json "calibration": {"temperatures": [T_1, ...]} per mask index
-    # backend -> a pass's relative cost by inputs on this machine (mars.core.costs), measured by the app's warm-up
+    # backend -> a pass's relative cost by inputs on this machine (mars.decoding.costs), measured by the app's warm-up
     pass_costs: dict = field(default_factory=dict)
+    # a tree's datastore drafts (mars.decoding.datastore.Datastore), handed to the decoder with the model: the
+    # default model's is read by mars.models.datastore.shipped_store; None: masks and the text only
+    datastore: object = None
 
     @property
     def default_block_size(self) -> int:
         """B for a run that does not choose one: as trained, else the library's default."""
-        from mars.core.decoding import DEFAULT_BLOCK_SIZE
+        from mars.decoding.decoder import DEFAULT_BLOCK_SIZE
 
         return self.trained_block_size or DEFAULT_BLOCK_SIZE
 

@@ -8,7 +8,7 @@ token) and dropping the earlier blocks saves compute without losing any scored p
 Options: a shifted block grid (blocks start at offset + k*B) and several noisy copies with different
 offsets against one clean copy ([clean | noisy_1 | noisy_2 ...], `multi_copy_mask`).
 
-The attention masks themselves live with every other mask in mars.core.masks (the four rules of METHOD.md).
+The attention masks themselves live with every other mask in mars.decoding.masks (the four rules of METHOD.md).
 Logits stay right-shifted: the output at position t is scored against token t+1 in both copies.
 """
 
@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mars.core.masks import additive_mask, multi_copy_mask
+from mars.decoding.masks import multi_copy_mask
+from mars.runtime.attention import additive_mask
 
 
 @dataclass

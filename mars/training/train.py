@@ -359,7 +359,7 @@ def autocast_context(autocast: str | None, device_type: str, flags: set[str] | N
     if autocast is None:
         return contextlib.nullcontext
     if device_type == "cpu":
-        from mars.core.fastpath import bf16_unsupported_reason, cpu_flags
+        from mars.runtime.cpu import bf16_unsupported_reason, cpu_flags
 
         flags = cpu_flags() if flags is None else flags  # read once: the check and the warning both need them
         reason = bf16_unsupported_reason(flags, advice="train without --autocast (float32)")

@@ -6,7 +6,7 @@ proposed tokens in that pass. Everything else (streaming to the app, whole runs 
 and the evaluation: `generate_ids`, `RunRecord`) is a thin wrapper over it.
 
 Layout. Prompts are left-padded to a common length P, so every row's tokens sit in shared columns:
-row r's i-th token is at column pad_r + i, its position id is i. The cache (mars/core/cache.py, `BlockCache`)
+row r's i-th token is at column pad_r + i, its position id is i. The cache (mars/decoding/cache.py, `BlockCache`)
 holds the committed columns [0, C) of all rows. Row r's frontier F_r is the column after its last
 accepted token; columns [C, F_r) are accepted but not committed (their KV was computed from mask inputs,
 or by a row that has run ahead of the others).
@@ -14,9 +14,9 @@ or by a row that has run ahead of the others).
 One pass, in `decode_steps`:
   1. propose : each row's window (`_window`): its uncommitted tokens [C, F_r), then what its mode plans
                (mars: B-1 masks; verified: the drafts as real tokens plus mask groups; jacobi: guesses;
-               ar: nothing), who sees whom given by mars.core.masks; one forward; the last real token's logits
+               ar: nothing), who sees whom given by mars.decoding.masks; one forward; the last real token's logits
                give the AR token, mask j's the token j+1 further on.
-  2. score   : the mode picks tokens and measures their confidence (mars.core.modes).
+  2. score   : the mode picks tokens and measures their confidence (mars.decoding.modes).
   3. accept  : mars: left to right while confidence >= tau (the first always); verified/jacobi: the
                prefix the AR logits confirm; then EOS, stop strings, limits (`_accept`).
   4. commit  : the cache keeps the KV of columns every row computed from real inputs (its fed tokens,
@@ -35,8 +35,8 @@ to extend the cache with it. Here a pass feeds a row's uncommitted tokens plus B
 whatever cache_block is), committed tokens are never fed again, and the cache grows after every pass, so
 there is no extra forward per block. Pass counts are therefore not comparable one to one.
 
-The model runs behind one forward function and one KV store (mars/core/backends.py): transformers' own
-forward (`backend="hf"`, the reference) or a lean forward with a preallocated cache (mars/core/fastpath.py).
+The model runs behind one forward function and one KV store (mars/runtime/backends.py): transformers' own
+forward (`backend="hf"`, the reference) or a lean forward with a preallocated cache (mars/runtime/fastpath.py).
 """
 
 from __future__ import annotations
@@ -48,12 +48,12 @@ from typing import Iterator, Sequence
 
 import torch
 
-from mars.core.acceptance import CONFIDENCE_MEASURES, is_finite_number, top_probs
-from mars.core.backends import BACKENDS
-from mars.core.cache import BlockCache
-from mars.core.masks import tree_depths, window_mask
-from mars.core.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
-from mars.core.records import PassRecord, RunRecord
+from mars.decoding.acceptance import CONFIDENCE_MEASURES, is_finite_number, top_probs
+from mars.runtime.backends import BACKENDS
+from mars.decoding.cache import BlockCache
+from mars.decoding.masks import tree_depths, window_mask
+from mars.decoding.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
+from mars.decoding.records import PassRecord, RunRecord
 
 # The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
 # says so with its own named cap and these same checkers, not a second set of rules.
@@ -88,26 +88,26 @@ class DecodeConfig:
     seed: int | None = None
     top_k: int = 0  # keep the top-k candidates of every proposal in the records (the app's inspector)
     verify_groups: str = "all"  # verified mode: "all" = a mask group per acceptance outcome, "last" = one
-    drafts: str = "mars"  # verified mode: drafts from the masks, n-gram "lookup" in the text, or "both" (mars.core.modes)
-    # verified mode: check a tree of up to this many draft tokens per pass (mars.core.tree); 0 = one chain
+    drafts: str = "mars"  # verified mode: drafts from the masks, n-gram "lookup" in the text, or "both" (mars.decoding.modes)
+    # verified mode: check a tree of up to this many draft tokens per pass (mars.decoding.tree); 0 = one chain
     tree_nodes: int = 0
     # a tree with verify_groups "last": mask groups on this many nodes, the likeliest to end the accepted path
-    # (mars.core.tree.group_anchors); None: by the model's device (tree.DEFAULT_TREE_GROUPS: 1 on a CPU, where
+    # (mars.decoding.tree.group_anchors); None: by the model's device (tree.DEFAULT_TREE_GROUPS: 1 on a CPU, where
     # each group is a gated input that costs time, docs/int8.md; 3 elsewhere, as measured before)
     tree_groups: int | None = None
     # a tree with lookup drafts: where the text offers no copy of 2+ matched tokens, a chain from the n-gram
-    # table of the default model's own answers to other prompts (mars.core.datastore). Token ids are the
+    # table of the default model's own answers to other prompts (mars.decoding.datastore). Token ids are the
     # default model's: for another tokenizer it only wastes inputs (the check keeps the text exact)
     datastore: bool = False
-    # a tree: a pass's cost by inputs, relative to one input (index w-1: w inputs; mars.core.costs measures
+    # a tree: a pass's cost by inputs, relative to one input (index w-1: w inputs; mars.decoding.costs measures
     # them); each pass then sends only the first k of its N nodes that give the most expected tokens per unit
-    # of time (mars.core.tree.best_cut). None: all N. The text is the same either way (the check)
+    # of time (mars.decoding.tree.best_cut). None: all N. The text is the same either way (the check)
     pass_costs: tuple[float, ...] | None = None
     # with pass_costs: what a pass pays on top when some inputs are masks (the gated adapter's rows), relative to
     # one input; a pass then sends its mask group only while the group's drafts pay for it (tree.TreeMode._cut).
     # None: the group always goes
     group_cost: float | None = None
-    # what runs the model (mars/core/backends.py): "auto" = "fast" (mars/core/fastpath.py: same logits to float
+    # what runs the model (mars/runtime/backends.py): "auto" = "fast" (mars/runtime/fastpath.py: same logits to float
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
     backend: str = "auto"
@@ -269,10 +269,23 @@ class _Row:
         return self.tokens[self.n_prompt:]
 
 
+def make_runner(model, cfg: DecodeConfig, batch: int, capacity: int):
+    """The backend `cfg.backend` names (mars.runtime.backends), for one run of `batch` rows sized for `capacity`
+    columns: the decoder's default where the caller hands it no `backend`."""
+    from mars.runtime.backends import make_backend
+
+    return make_backend(model, cfg.backend, batch, capacity, cfg.use_cache)
+
+
 def decode_steps(
-    lm, prompts: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None = None
+    lm, prompts: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None = None, *,
+    backend=None, mode=None,
 ) -> Iterator[list[PassRecord]]:
-    """Decode a batch of tokenized prompts; yield the records of every forward pass as it happens."""
+    """Decode a batch of tokenized prompts; yield the records of every forward pass as it happens.
+
+    backend: what runs the model, `backend(model, cfg, batch, capacity) -> runner` (the verbs of
+    mars.runtime.backends: forward, length, truncate, select; and optionally `scoring`); default `make_runner`,
+    the backend cfg.backend names. mode: the mode object (mars.decoding.modes); default make_mode(cfg, lm)."""
     needs_masks = cfg.mode == "mars" or (cfg.mode == "verified" and cfg.drafts != "lookup")
     if needs_masks and lm.mask_token_id is None:
         raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
@@ -280,7 +293,6 @@ def decode_steps(
         raise ValueError("every prompt needs at least one token")
     P = max(len(p) for p in prompts)
     check_context(lm.model, P, cfg)
-    mode = make_mode(cfg, lm)
     tok = lm.tokenizer
     eos = set(lm.eos_token_ids)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -289,8 +301,10 @@ def decode_steps(
 
     live = [_Row(i, p, P - len(p)) for i, p in enumerate(prompts)]  # rows still decoding, in the cache's order
     # sized for the prompt, the answer and a pass's extras (< B drafts + B mask groups); it grows if need be
-    cache = BlockCache(lm.model, cfg.backend, P, [r.pad for r in live], P + cfg.max_new_tokens + cfg.block_size ** 2,
-                       cfg.cache_block, cfg.use_cache)
+    runner = (backend or make_runner)(lm.model, cfg, len(live), P + cfg.max_new_tokens + cfg.block_size ** 2)
+    scoring = getattr(runner, "scoring", None)
+    mode = mode or make_mode(cfg, lm, scoring)
+    cache = BlockCache(runner, P, [r.pad for r in live], cfg.cache_block, cfg.use_cache)
     pass_index = 0
     while live:
         if control.cancelled:
@@ -321,7 +335,7 @@ def decode_steps(
             groups = _Groups(row_logits, w.group_reads, at)
             res = mode.accept(r, plan, main, groups, cfg, tau, gen)
             valid[i] += res.n_verified
-            records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1]))
+            records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1], scoring))
 
         # 4. commit: keep the KV every row computed from real inputs; finished rows leave the batch
         cache.commit(valid, [r.frontier for r in live])
@@ -337,7 +351,7 @@ def decode_steps(
 
 
 def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos: set[int], pass_index: int,
-            tau: float, cache_len: int, width: int) -> PassRecord:
+            tau: float, cache_len: int, width: int, scoring=None) -> PassRecord:
     """Stage 3 for one row: cut the mode's accepted run at EOS, the length limit and stop strings; take
     the tokens into the row; return the pass's record."""
     props = res.tokens
@@ -351,7 +365,7 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
     row.finish_reason = reason
     cands = None
     if cfg.top_k and res.proposal_logits is not None:
-        probs = top_probs(res.proposal_logits, min(cfg.top_k, res.proposal_logits.shape[-1]))
+        probs = top_probs(res.proposal_logits, min(cfg.top_k, res.proposal_logits.shape[-1]), scoring)
         cands = [list(zip(ix.tolist(), [round(v, 6) for v in pv.tolist()])) for pv, ix in zip(*probs)]
     return PassRecord(
         row=row.index,
@@ -483,18 +497,20 @@ def _apply_stop_strings(tok, row: _Row, props: list[int], n: int, stops: tuple[s
     return n, reason
 
 
-def stream(lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl | None = None) -> Iterator[PassRecord]:
-    """Batch-1 streaming: one record per forward pass."""
-    for records in decode_steps(lm, [prompt_ids], cfg, control):
+def stream(lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl | None = None, *,
+           backend=None, mode=None) -> Iterator[PassRecord]:
+    """Batch-1 streaming: one record per forward pass (backend, mode: as decode_steps)."""
+    for records in decode_steps(lm, [prompt_ids], cfg, control, backend=backend, mode=mode):
         yield from records
 
 
 def generate_ids(
-    lm, prompts: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None = None
+    lm, prompts: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None = None, *,
+    backend=None, mode=None,
 ) -> list[RunRecord]:
-    """Decode a batch to completion; one run record per prompt, in order."""
+    """Decode a batch to completion; one run record per prompt, in order (backend, mode: as decode_steps)."""
     runs = [RunRecord(cfg, list(p)) for p in prompts]
-    for records in decode_steps(lm, prompts, cfg, control):
+    for records in decode_steps(lm, prompts, cfg, control, backend=backend, mode=mode):
         for rec in records:
             runs[rec.row].add(rec)
     for run in runs:
@@ -503,10 +519,3 @@ def generate_ids(
             run.finish_reason = "cancelled"
     return runs
 
-
-def generate(
-    lm, prompts: list[str], cfg: DecodeConfig, system: str | None = None, control: DecodeControl | None = None
-) -> list[RunRecord]:
-    """Text prompts in (each one user message through the chat template), results out."""
-    ids = [encode_prompt(lm.tokenizer, p, system) for p in prompts]
-    return generate_ids(lm, ids, cfg, control)

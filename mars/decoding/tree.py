@@ -1,12 +1,12 @@
 """Lossless tree drafts: the verified mode checking several candidate continuations in one pass.
 
-The chain verified mode (mars.core.modes.VerifiedMode) feeds the previous pass's top-1 mask drafts and
+The chain verified mode (mars.decoding.modes.VerifiedMode) feeds the previous pass's top-1 mask drafts and
 accepts the prefix the model's own AR choices confirm. Here the pass feeds a tree of drafts instead, as
 Medusa and EAGLE-2 do, with the mask positions as the draft heads (no extra parameter):
 
   grow_tree   from the previous pass's mask distributions (top-k per depth) and the n-gram lookup's
               copies (a branch of their own; where the text offers no copy of 2+ matched tokens, a chain from
-              the datastore of the model's own answers, mars.core.datastore, when DecodeConfig.datastore),
+              the datastore of the model's own answers, mars.decoding.datastore, when DecodeConfig.datastore),
               the N nodes most likely to lie on the accepted path, grown
               best-first by the product of the path's draft probabilities (EAGLE-2's rule). Mask positions
               see only masks, so the candidates at depth d are the same under every parent: a product tree
@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mars.core.acceptance import calibrate_logits, choose_and_score, to_host, top_probs
-from mars.core.datastore import store_values
-from mars.core.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
-from mars.core.masks import tree_depths
-from mars.core.modes import Outcome, RowPlan
+from mars.decoding.acceptance import calibrate_logits, choose_and_score, to_host, top_probs
+from mars.decoding.datastore import store_values
+from mars.decoding.lookup import ACCEPTED_SHARE, MAX_NGRAM, lookup_drafts
+from mars.decoding.masks import tree_depths
+from mars.decoding.plan import Outcome, RowPlan
 
 # The node budget N by device. CPU: measured (2 threads, int8, 20 held-out prompts x 96 tokens, groups on the
 # 3 likeliest ends): N = 4, 8, 16, 32, 64 gave 0.98x, 0.94x, 0.90x, 0.71x, 0.53x core AR on the clock at
@@ -261,10 +261,11 @@ def walk(tree: DraftTree, ar_tokens: list[int]) -> list[int]:
     return path
 
 
-def top_candidates(logits: torch.Tensor, k: int, temperatures=None) -> Dists:
+def top_candidates(logits: torch.Tensor, k: int, temperatures=None, scoring=None) -> Dists:
     """(n, V) mask logits -> per mask: its top-k tokens and their (calibrated) probabilities; one copy to
     the host, so the logits may live on any device."""
-    val, idx = top_probs(calibrate_logits(logits, temperatures, ar_rows=0).float(), min(k, logits.shape[-1]))
+    val, idx = top_probs(calibrate_logits(logits, temperatures, ar_rows=0).float(), min(k, logits.shape[-1]),
+                         scoring)
     both = torch.stack([val, idx.to(val.dtype)]).tolist()  # (2, n, k)
     return [([int(t) for t in ts], ps) for ps, ts in zip(*both)]
 
@@ -273,6 +274,7 @@ class TreeMode:
     """The verified mode with a draft tree per pass (DecodeConfig.tree_nodes > 0)."""
 
     name = "verified"
+    scoring = None  # the backend's faster scoring (mars.runtime.scoring), set by make_mode; None: torch ops
 
     def __init__(self, nodes: int, groups: str = "last", temperatures=None, drafts: str = "mars",
                  last_groups: int = 1, store=None, vocab: int | None = None, costs=None, group_cost=None):
@@ -288,7 +290,7 @@ class TreeMode:
         self.drafts = drafts  # "mars": mask candidates; "lookup": copies only; "both": both, as branches
         self.dists: dict[int, Dists] = {}  # row index -> next pass's candidates per depth
         self.trees: dict[int, DraftTree] = {}  # row index -> the tree its plan sent, until its accept
-        self.store = store  # a mars.core.datastore.Datastore: chains where the text offers no good copy
+        self.store = store  # a mars.decoding.datastore.Datastore: chains where the text offers no good copy
         self.vocab = vocab  # the model's vocabulary size: a table built for another tokenizer drafts no id past it
 
     def plan(self, row, cfg, tau) -> RowPlan:
@@ -344,7 +346,7 @@ class TreeMode:
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         tree = self.trees.pop(row.index)
         # greedy: the model's own choice after each input; both lists in one copy from the device
-        ar_tok, ar_conf = to_host(*choose_and_score(main, "prob"))
+        ar_tok, ar_conf = to_host(*choose_and_score(main, "prob", scoring=self.scoring))
         path = walk(tree, ar_tok)
         if self.masked.pop(row.index, False):  # the masks' worth: their accepted drafts that no copy proposed
             got = sum(1 for i in path if not tree.copied[i])
@@ -383,7 +385,7 @@ class TreeMode:
             return []
         temps = self.temperatures[skip:] if self.temperatures else None  # mask index = skip + row of g
         assert node < 0 or depth[end] - depth[node] == skip
-        return top_candidates(g, min(self.nodes, MAX_BRANCH), temps)
+        return top_candidates(g, min(self.nodes, MAX_BRANCH), temps, self.scoring)
 
 
 def _take(logits: torch.Tensor, rows: list[int]) -> torch.Tensor:

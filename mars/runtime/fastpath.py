@@ -10,7 +10,7 @@ frequency table comes out the same) and rotates q and k together, attention is P
 grouped KV heads and a mask built once per pass (none at all when every query sees every key, as in AR
 at batch 1), and the LM head runs only on the rows the caller keeps.
 
-Matrices (`_Linear`): a pass of 1 or 2 rows runs `F.linear` on the model's own matrices (MKL's gemv,
+Matrices (`Linear`): a pass of 1 or 2 rows runs `F.linear` on the model's own matrices (MKL's gemv,
 as fast as memory allows, and no copy); a wider pass runs oneDNN on a copy packed once, with q/k/v and
 gate/up fused into one matrix each, because MKL's sgemm repacks the weight on every call: 4 rows cost
 ~1.6x one row there, ~1.1x on the packed copy. The price is one more copy of the model's matrices in
@@ -22,7 +22,7 @@ rounding (relative ~1e-5 in float32, ~1e-15 in float64): only the order of sums 
 matmuls): it changes the numerics, so it is opt-in and never the default. oneDNN runs bfloat16 only on
 CPUs with AVX-512 (bw, vl, dq) or AVX-NE-CONVERT; elsewhere (an AVX2-only AMD EPYC, say) asking for it
 is refused up front with `bf16_unsupported_reason`'s message instead of failing inside oneDNN.
-`weight_dtype=torch.int8` runs mars.core.quant's int8 matrices instead (backend "fast-int8"; every CPU).
+`weight_dtype=torch.int8` runs mars.runtime.quant's int8 matrices instead (backend "fast-int8"; every CPU).
 
 The KV cache (`KVCache`) has the decoder's verbs: `length`, `truncate(n)` (drop every column >= n:
 masks and rejected drafts are simply overwritten by the next pass) and `select(rows)`.
@@ -37,7 +37,9 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from mars.core.masks import additive_mask
+from mars.runtime.attention import additive_mask
+from mars.runtime.cpu import bf16_unsupported_reason
+from mars.runtime.linear import Gate, Linear, rms_norm
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 LAYOUTS = ("auto", "packed", "linear")
@@ -68,154 +70,13 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-# oneDNN's own test before any bfloat16 matmul (mkldnn_bf16_device_check): one of these sets of CPU flags
-ONEDNN_BF16_FLAGS = ({"avx_ne_convert"}, {"avx512bw", "avx512vl", "avx512dq"})
-
-
-def cpu_flags() -> set[str] | None:
-    """The CPU's feature flags from /proc/cpuinfo; None where that file does not exist (not Linux).
-
-    `MARS_CPU_FLAGS` (space- or comma-separated) overrides them: with `ONEDNN_MAX_CPU_ISA=AVX2` it runs the whole
-    test suite as an AVX2-only machine (an AMD EPYC, say) would, on a CPU that has more (README)."""
-    forced = os.environ.get("MARS_CPU_FLAGS", "").replace(",", " ").split()
-    if forced:
-        return set(forced)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
-
-
-def bf16_unsupported_reason(flags: set[str] | None = None,
-                            advice: str = "use backend 'fast' (float32, exact) instead of 'fast-bf16'") -> str | None:
-    """None when oneDNN can run bfloat16 matrices on this CPU, else a message saying why not and, `advice`,
-    what to use instead (the decoder's by default; the trainer passes its own).
-
-    `flags` defaults to this CPU's (`cpu_flags`); tests pass other sets to check both answers anywhere.
-    """
-    flags = cpu_flags() if flags is None else flags
-    if flags is None:  # no /proc/cpuinfo: ask PyTorch, which runs the same check
-        ok = bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    else:
-        ok = torch.backends.mkldnn.is_available() and any(need <= flags for need in ONEDNN_BF16_FLAGS)
-    if ok:
-        return None
-    return ("bfloat16 matrices need a CPU with AVX-512 (avx512bw, avx512vl, avx512dq) or AVX-NE-CONVERT, "
-            f"and this one has neither (AVX2 only?): {advice}")
-
-
-SMALL_ROWS = 2  # passes of up to this many rows (batch x width) use the model's own matrices
-
-
-class _Linear:
-    """y = x @ W.T (+ b) for one or several of the model's Linear modules side by side (fused outputs).
-
-    Two ways to run it, picked per call by the number of rows:
-      rows <= SMALL_ROWS : `F.linear` on the model's own matrices (no copy): MKL's gemv, the fastest for 1 row
-      more rows          : oneDNN matmul on a fused copy packed once (`mkldnn._reorder_linear_weight`):
-                           MKL's sgemm repacks the weight on every call, which doubles a 4-row pass
-    layout "linear" never copies (own matrices only), "packed" always uses the packed copy. A weight dtype
-    other than the model's (bfloat16) always runs packed, or on a converted copy where oneDNN is missing.
-    """
-
-    def __init__(self, mods: list, layout: str, dtype: torch.dtype, lora: tuple | None = None):
-        w0 = mods[0].weight
-        self.lora = lora  # gated adapter (mars.models.gated): (A, B) added at the gated rows only
-        self.out_features = sum(m.weight.shape[0] for m in mods)
-        self.dtype = dtype
-        can_pack = (dtype in (torch.float32, torch.bfloat16) and w0.device.type == "cpu"
-                    and torch.backends.mkldnn.is_available())
-        pack = can_pack and (layout == "packed" or (layout == "auto" and dtype == w0.dtype) or dtype != w0.dtype)
-        own = layout != "packed" and dtype == w0.dtype
-        self.parts = None  # [(weight, bias)] used by F.linear
-        if own:
-            self.parts = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in mods]
-            if w0.device.type != "cpu" and len(mods) > 1:  # a GPU: one fused matrix, one kernel (no oneDNN there)
-                self.parts = [_fuse(mods)]
-        elif not pack:
-            self.parts = [(m.weight.detach().to(dtype), None if m.bias is None else m.bias.detach().to(dtype))
-                          for m in mods]
-        self.packed = self.bias = None
-        if pack:
-            w, bias = _fuse(mods)
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype).contiguous(), 4)  # reordered for few rows
-            self.bias = None if bias is None else bias.to(dtype)
-
-    def __call__(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        """gate: None, or (b, W, 1) in x's dtype, 1 at the rows the gated adapter acts at, 0 elsewhere (or a
-        `Gate`, which carries that multiplier)."""
-        return self._delta(self._base(x), x, gate)
-
-    # Why the multiplier and not the rows:
-    # the delta is computed for every row and multiplied by the gate: a handful of rows cost less that way
-    # than gathering and scattering the gated ones, and a real row gets exactly + 0. Folding A into the packed
-    # matrix as extra output rows was measured slower (a 5-row pass's matmuls: 1.44x the bare ones folded,
-    # 1.20x as here), so A runs as its own small matmul. The int8 matrices' C kernels do take the rows.
-
-    def _delta(self, y: torch.Tensor, x: torch.Tensor, gate: "torch.Tensor | Gate | None") -> torch.Tensor:
-        """y + the gated adapter's delta of input x at the gated rows (y unchanged without one)."""
-        if self.lora is not None and gate is not None:
-            a, b = self.lora
-            y.addcmul_((x @ a.T) @ b.T, gate.mult if isinstance(gate, Gate) else gate)
-        return y
-
-    # The layer's steps around a matrix, as methods so that the int8 matrices (mars.core.quant) can fuse them
-    # into their input's quantization and output's rescale; here they are the plain ops.
-    def normed(self, x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None):
-        """self(RMSNorm(x) * weight, gate)."""
-        return self(_rms_norm(x, weight, eps), gate)
-
-    def add_to(self, res: torch.Tensor, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        """res + self(x, gate): the residual stream's update."""
-        return res + self(x, gate)
-
-    def add_silu_to(self, res: torch.Tensor, gu: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        """res + self(silu(g) * u, gate) for gu = [g | u] (the MLP's gate and up halves): its down projection."""
-        g, u = gu.chunk(2, dim=-1)
-        return self.add_to(res, F.silu(g) * u, gate)
-
-    def _base(self, x: torch.Tensor) -> torch.Tensor:
-        in_dtype = x.dtype
-        if self.packed is not None and (self.parts is None or x.numel() > SMALL_ROWS * x.shape[-1]):
-            y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
-        else:
-            xs = x.to(self.dtype)
-            ys = [F.linear(xs, w, b) for w, b in self.parts]
-            y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=-1)
-        return y if y.dtype == in_dtype else y.to(in_dtype)
-
-
-class Gate:
-    """The rows a pass's gated adapter acts at (its mask inputs), in the two forms its deltas use: `mult`, a
-    (b, W, 1) 0/1 multiplier for the tensor ops, and `rows`, the flat indices of those rows (b * W order) for
-    the C kernels of the int8 matrices (mars.core.quant), which add the delta at those rows only."""
-
-    __slots__ = ("mult", "rows")
-
-    def __init__(self, is_mask: torch.Tensor, dtype: torch.dtype):
-        self.mult = is_mask.unsqueeze(-1).to(dtype)
-        self.rows = is_mask.flatten().nonzero().flatten()
-
-
 def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = None):
-    """The matrix class for this weight dtype: int8 runs mars.core.quant's kernel, the rest `_Linear`."""
+    """The matrix class for this weight dtype: int8 runs mars.runtime.quant's kernel, the rest `Linear`."""
     if wdtype == torch.int8:
-        from mars.core.quant import Int8Linear  # imports this module: loaded on first use
+        from mars.runtime.quant import Int8Linear  # loaded on first use: int8 builds the C kernels
 
         return Int8Linear(mods, lora)
-    return _Linear(mods, layout, wdtype, lora)
-
-
-def _fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) of Linear modules side by side: outputs concatenated (a missing bias is zeros)."""
-    w = torch.cat([m.weight.detach() for m in mods])
-    if all(m.bias is None for m in mods):
-        return w, None
-    return w, torch.cat([m.bias.detach() if m.bias is not None else w.new_zeros(m.weight.shape[0]) for m in mods])
+    return Linear(mods, layout, wdtype, lora)
 
 
 class _Layer:
@@ -234,13 +95,6 @@ class _Layer:
         self.o = lin([a.o_proj])
         self.gate_up = lin([m.gate_proj, m.up_proj])
         self.down = lin([m.down_proj])
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    # transformers normalises in float32 whatever the model's dtype, then scales in the model's dtype
-    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class KVCache:
@@ -321,18 +175,18 @@ class FastLM:
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0)
         self.device = self.embed.device
-        # int8 on the C kernels: the layer loop and attention in C (mars.core.cpu_layers); else None. c_layers None:
+        # int8 on the C kernels: the layer loop and attention in C (mars.runtime.cpu_layers); else None. c_layers None:
         # on unless MARS_C_LAYERS=0; False: the per-layer tensor ops (SDPA), as benchmarks compare them
         self.c_layers = None
         if c_layers is None:
             c_layers = os.environ.get("MARS_C_LAYERS", "1") != "0"
         if self.weight_dtype == torch.int8 and c_layers:
-            from mars.core.cpu_layers import CLayers
+            from mars.runtime.cpu_layers import CLayers
 
             self.c_layers = CLayers.of(self)
 
     def _c_forward(self, x: torch.Tensor, cos, sin, allowed, g, cache: KVCache, C: int) -> torch.Tensor:
-        """The layers in C (mars.core.cpu_layers), x updated in place: a pass of up to MAX_C_ROWS rows in one
+        """The layers in C (mars.runtime.cpu_layers), x updated in place: a pass of up to MAX_C_ROWS rows in one
         call; a longer one whose mask lets it (a prompt) in pieces of up to MAX_C_ROWS rows, one call each, in
         order (each row's result does not depend on what else is in its pass, so its bits are those of the
         whole-pass loop; a 35-token prompt 44 -> 32 ms, 20 tokens 36 -> 21 ms, default model, 2 threads); else

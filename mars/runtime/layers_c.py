@@ -1,5 +1,5 @@
 """C source of the int8 fast path's attention and of its whole decoder-layer loop (compiled with
-mars.core.cpu_kernels' SOURCE, after it: it calls the kernels defined there).
+mars.runtime.kernels' SOURCE, after it: it calls the kernels defined there).
 
 Why: through the per-layer Python path a pass of the default model ran ~10 small steps a layer (30 layers)
 as tensor ops and wrapper calls, each with its allocations and dispatch, and SDPA with a mask: on two cores a
@@ -237,7 +237,7 @@ static float *att_scratch(int64_t n) {
 
 /* The rotary, the cache write and attention for a pass of b x W rows.
    qkv (n x (H + 2 KV) hd, n = b W): per row [q heads | k heads | v heads], rotated in place (q and k):
-   x * cos + roll(x, hd/2) * sin, sin's first half negated (mars.core.fastpath.FastLM.rope_table); cos, sin
+   x * cos + roll(x, hd/2) * sin, sin's first half negated (mars.runtime.fastpath.FastLM.rope_table); cos, sin
    (n x hd) for each row's position. The rotated k and the v of row (bi, i) go to cache column C + i of batch
    row bi: kc, vc (b x KV x cap x hd). allowed (b x W x (C + W)) 0/1. out (n x H hd): each query head's
    attention over its KV head's keys (query head h uses KV head h / (H / KV)), scaled by 1/sqrt(hd). */
@@ -316,7 +316,7 @@ static inline void lin_run(const lin_c *L, int amx, const uint8_t *xq, int64_t n
 
 /* Every layer of a pass of n = b W <= 16 rows: x (n x D) the residual stream, updated in place. D: the
    hidden size, I: the MLP's. kbase, vbase: the cache (layers x b x KV x cap x hd). grows (ng): the gated
-   rows. The steps and kernels of mars.core.quant.Int8Linear's normed / add_to / add_silu_to, in order. */
+   rows. The steps and kernels of mars.runtime.quant.Int8Linear's normed / add_to / add_silu_to, in order. */
 int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, int64_t D, int64_t I, int64_t H,
                 int64_t KV, int64_t hd, float *kbase, float *vbase, int64_t cap, int64_t C, const float *cos,
                 const float *sin, const uint8_t *allowed, const int64_t *grows, int64_t ng, int amx) {

@@ -28,7 +28,7 @@ def calibrate_logits(logits: torch.Tensor, temperatures, ar_rows: int = 1) -> to
 
 def choose_and_score(
     logits: torch.Tensor, measure: str = "prob", temperature: float = 0.0, generator: torch.Generator | None = None,
-    confidence_logits: torch.Tensor | None = None,
+    confidence_logits: torch.Tensor | None = None, scoring=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick a token per position and score how confident the model is in it.
 
@@ -40,13 +40,15 @@ def choose_and_score(
     confidence is always measured on the untempered distribution, so tau means the same in both.
     `confidence_logits` (e.g. `calibrate_logits(logits, ...)`): measure the confidence on these instead;
     the token is still chosen from `logits`.
+    `scoring`: the backend's faster way to the common case (greedy, p(token)), e.g. one C call over CPU
+    float32 logits (mars.runtime.scoring): `scoring.argmax_conf(logits)` -> (tokens, conf), or None where it
+    does not apply; the same numbers as below up to float rounding.
     """
     if measure not in CONFIDENCE_MEASURES:
         raise ValueError(f"confidence measure must be one of {CONFIDENCE_MEASURES}, got {measure!r}")
-    if temperature <= 0 and measure == "prob" and (confidence_logits is None or confidence_logits is logits):
-        from mars.core.cpu_kernels import argmax_conf  # the common case (greedy, p(token)) in one C call on a CPU
-
-        fast = argmax_conf(logits)
+    if (scoring is not None and temperature <= 0 and measure == "prob"
+            and (confidence_logits is None or confidence_logits is logits)):
+        fast = scoring.argmax_conf(logits)
         if fast is not None:
             return fast
     logp = torch.log_softmax((logits if confidence_logits is None else confidence_logits).float(), dim=-1)
@@ -69,12 +71,11 @@ def choose_and_score(
     return tokens, conf
 
 
-def top_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(probabilities, tokens) of the k likeliest tokens per row, descending: one C call on a CPU
-    (mars.core.cpu_kernels.top_probs), else softmax then topk. The inspector's candidates, the tree's children."""
-    from mars.core.cpu_kernels import top_probs as c_top_probs
-
-    fast = c_top_probs(logits, k)
+def top_probs(logits: torch.Tensor, k: int, scoring=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities, tokens) of the k likeliest tokens per row, descending: softmax then topk, or the
+    backend's `scoring.top_probs(logits, k)` where it applies (one C call on a CPU). The inspector's
+    candidates, the tree's children."""
+    fast = scoring.top_probs(logits, k) if scoring is not None else None
     if fast is not None:
         return fast
     top = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)

@@ -9,7 +9,7 @@ on text that repeats its input (rewrites, translations that keep names, code tha
 The search runs over the prompt and the text generated so far, longest n-gram first; among the earlier
 occurrences of that n-gram it takes the most recent one (a list or a loop repeats its latest pattern).
 A longer match predicts the copy better: it copies more tokens, and its `expected` accepted count is
-higher; the verified mode's "both" rule (mars.core.modes.prefer_lookup) weighs that against the mask drafts.
+higher; the verified mode's "both" rule (mars.decoding.modes.prefer_lookup) weighs that against the mask drafts.
 
 Measured with scripts/measure_drafts.py (shipped adapter, 40 held-out prompts outside the bench's sample,
 48 new tokens, 1002 verified passes): share of passes whose k-th copied token is accepted, k = 1..6,

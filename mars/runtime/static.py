@@ -15,7 +15,7 @@ fixed addresses, with no host sync inside. So here:
   - the gated adapter's gate is a 0/1 multiplier computed on the device (no `gate.any()` sync): whether a
     pass holds any mask is known on the host from its ids, so it picks one of two graphs instead;
   - logits stay on the device: the modes score and accept there (argmax, confidence, the tau rule) and
-    bring back only the few ids and confidences they keep (mars.core.acceptance.to_host).
+    bring back only the few ids and confidences they keep (mars.decoding.acceptance.to_host).
 `StaticLM.step` is the pass: tensors in, logits out, the KV written in place; it compiles with
 `torch.compile(fullgraph=True)` at every bucket (tests/test_static.py, backend "eager"). On CUDA each
 (batch, width, gated) shape is captured once as a `torch.cuda.CUDAGraph` and replayed; wider passes
@@ -36,8 +36,10 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from mars.core.fastpath import _rms_norm, fast_model
-from mars.core.masks import additive_mask
+from mars.runtime.fastpath import fast_model
+from mars.runtime.linear import rms_norm
+from mars.runtime.scoring import C_SCORING
+from mars.runtime.attention import additive_mask
 
 # Pass widths are padded up to one of these. A MARS pass at block size B carries 2..2B-1 inputs, a verified
 # pass with every mask group up to ~B^2, a batch's re-fed row up to cache_block + 2B: powers of two keep
@@ -113,7 +115,7 @@ class _Graph:
 
 
 class StaticLM:
-    """The fast path's weights (mars.core.fastpath.FastLM) run by a fixed-shape step, and a pool of static
+    """The fast path's weights (mars.runtime.fastpath.FastLM) run by a fixed-shape step, and a pool of static
     buffers that successive runs reuse with their graphs."""
 
     def __init__(self, model, compile_step: bool | None = None):
@@ -158,7 +160,7 @@ class StaticLM:
         g = (ids == self.mask_token_id).unsqueeze(-1).to(f.dtype) if gated else None  # (b, W, 1) 0/1
         x = F.embedding(ids, f.embed)  # (b, W, D)
         for i, L in enumerate(f.layers):
-            h = _rms_norm(x, L.ln1, L.eps1)
+            h = rms_norm(x, L.ln1, L.eps1)
             qkv = L.qkv(h, g).view(b, W, H + 2 * KV, hd)  # heads: [q (H) | k (KV) | v (KV)]
             qk = qkv[:, :, : H + KV]
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotary on q and k at once
@@ -168,10 +170,10 @@ class StaticLM:
             q = qk[:, :, :H].transpose(1, 2)  # (b, H, W, hd)
             att = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, enable_gqa=True)  # (b, H, W, hd)
             x = x + L.o(att.transpose(1, 2).reshape(b, W, H * hd), g)
-            h = _rms_norm(x, L.ln2, L.eps2)
+            h = rms_norm(x, L.ln2, L.eps2)
             gate, up = L.gate_up(h, g).chunk(2, dim=-1)
             x = x + L.down(F.silu(gate) * up, g)
-        return f.head(_rms_norm(x, f.norm, f.norm_eps)).float()
+        return f.head(rms_norm(x, f.norm, f.norm_eps)).float()
 
     def run_step(self, ids, pos, allowed, cols, state: StaticState, gated: bool) -> torch.Tensor:
         return self._step(ids, pos, allowed, cols, state.k, state.v, gated)
@@ -219,9 +221,11 @@ def static_model(model) -> StaticLM:
 
 
 class StaticBackend:
-    """The decoder's backend interface (mars.core.backends) over a StaticLM; logits stay on the device.
+    """The decoder's backend interface (mars.runtime.backends) over a StaticLM; logits stay on the device.
 
     Rows keep their slot in the padded batch; `select` moves the kept rows' KV to the front slots."""
+
+    scoring = C_SCORING  # on a CPU: one C call per scoring; a GPU's logits fall back to torch ops (on the device)
 
     def __init__(self, model, batch: int, capacity: int):
         self.slm = static_model(model)

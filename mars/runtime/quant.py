@@ -16,7 +16,7 @@ Every row is quantized on its own and the integer products are exact, so a row's
 else is in its pass: batch = alone and verified = this model's AR greedy hold token for token.
 
 Which kernels (measured here, 2 threads, the default model's 121 matrices, 2 rows = one token):
-  - a pass of up to 16 tokens runs mars.core.cpu_kernels' C product (VNNI or AVX2 instructions on weights
+  - a pass of up to 16 tokens runs mars.runtime.kernels' C product (VNNI or AVX2 instructions on weights
     blocked by output channel, the rescale fused in): 7.9 ms for one token, 10.9 ms for five, 18.7 for 16;
   - more (a prompt) run oneDNN's int8 linear on weights packed once (AMX here): 12.5 ms for one token, 19.5
     for 16, but 49.5 ms for one where oneDNN is capped at AVX2 (an AMD EPYC without VNNI);
@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import torch
 
-from mars.core.cpu_kernels import (MAX_C_ROWS, LoraWeights, block_weights, combine_rows2, gemv_rows2, kernels,
+from mars.runtime.kernels import (MAX_C_ROWS, LoraWeights, block_weights, combine_rows2, gemv_rows2, kernels,
                                    lora_rows, padded, quant_rows2, rmsnorm_quant, silu_mul_quant)
-from mars.core.fastpath import Gate, _fuse, _Linear
+from mars.runtime.linear import Gate, Linear, fuse
 
 WEIGHT_MAX = 64  # |W_q| bound: exact integer products on every x86 ISA (see the module docstring)
 ACT_MAX = 127
@@ -92,12 +92,12 @@ def onednn_int8() -> bool:
     return _ONEDNN["ok"]
 
 
-class Int8Linear(_Linear):
-    """The fast path's `_Linear` (fused outputs, float gated deltas) with int8 weights.
+class Int8Linear(Linear):
+    """The fast path's `Linear` (fused outputs, float gated deltas) with int8 weights.
 
     Activation rows run at ~16 bits as two int8 rows each (`quantize_rows2`), in the same product. Per call:
     quantize the rows, one integer product, rescale. Passes of up to MAX_C_ROWS tokens run the C product
-    (mars.core.cpu_kernels, on its blocked copy of the weights); longer ones, and every pass where the C
+    (mars.runtime.kernels, on its blocked copy of the weights); longer ones, and every pass where the C
     kernels cannot be built or the rows are not float32, run oneDNN's int8 linear on weights packed once
     (`torch._int_mm` where oneDNN's is missing), scaled by 1 so that it returns the exact integer sums as
     float32 (|sum| <= 1536 * 127 * 64 < 2^24 for this model's widths). Both copies of the weights are kept:
@@ -106,10 +106,10 @@ class Int8Linear(_Linear):
     def __init__(self, mods: list, lora: tuple | None = None):
         if mods[0].weight.device.type != "cpu":  # CUDA's _int_mm wants > 16 rows: no use for decoding
             raise ValueError("backend 'fast-int8' runs on a CPU only; use 'auto' (or 'fast') on this device")
-        w, self.bias = _fuse(mods)  # (out, in): q|k|v or gate|up side by side, and their bias (or None)
+        w, self.bias = fuse(mods)  # (out, in): q|k|v or gate|up side by side, and their bias (or None)
         w = w.float()
         dtype = mods[0].weight.dtype
-        self.lora = lora  # float deltas, added by _Linear.__call__
+        self.lora = lora  # float deltas, added by Linear.__call__
         self.out_features = w.shape[0]
         self.dtype = torch.int8
         qweight, scale = quantize_weight(w)
@@ -131,7 +131,7 @@ class Int8Linear(_Linear):
         if self._lib is not None:  # the C product's copy: blocked by output channels, zero-padded, and row sums
             self.wblocked, self.wsum = block_weights(self._lib, qweight)
         # the gated deltas for the C kernels (at the gated rows only, float16 weights widened exactly), or None:
-        # then the float tensor ops of _Linear._delta add them
+        # then the float tensor ops of Linear._delta add them
         self.lora_c = None
         if self._lib is not None and lora is not None:
             self.lora_c = LoraWeights.of(*lora, [m.weight.shape[0] for m in mods])
@@ -182,9 +182,9 @@ class Int8Linear(_Linear):
             y.add_(self.bias)
         return y.view(*lead, self.out_features)
 
-    # The layer's steps fused into the C loops (float32 rows); where they cannot run, _Linear's plain ops.
+    # The layer's steps fused into the C loops (float32 rows); where they cannot run, Linear's plain ops.
     # The gated delta: by the C kernels at the gated rows only, after the product and its residual (in the
-    # product's call up to MAX_C_ROWS tokens, `lora_rows` after oneDNN's product beyond), or by _Linear's
+    # product's call up to MAX_C_ROWS tokens, `lora_rows` after oneDNN's product beyond), or by Linear's
     # tensor ops, the residual then added after it. Either way a real row's floats are the same (no delta, or
     # + 0 exactly); a mask row's differ by rounding (the order of the sums).
     def _c_delta(self, gate) -> bool:

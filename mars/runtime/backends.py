@@ -9,11 +9,11 @@
 `forward` feeds a window of W columns per row after the cached ones; `allowed` (b, W, length + W) says
 which keys each window input may attend to. Backends:
   hf        transformers' own forward and DynamicCache: the reference path
-  fast      mars.core.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
+  fast      mars.runtime.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
   fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
-  fast-int8 fast, with int8 matrices (mars.core.quant): a quarter of the bytes; its own model, whose greedy
+  fast-int8 fast, with int8 matrices (mars.runtime.quant): a quarter of the bytes; its own model, whose greedy
             text the lossless modes then reproduce exactly (batch = alone, verified = its AR)
-  static    mars.core.static: the fast path at fixed padded shapes, replayed as CUDA graphs on a GPU
+  static    mars.runtime.static: the fast path at fixed padded shapes, replayed as CUDA graphs on a GPU
   auto      where the model is supported: fast on the CPU, static on a GPU; else hf
   auto-int8 as auto, but fast-int8 on the CPU (the app's default: MARS_BACKEND)
 """
@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import torch
 
-from mars.core.masks import additive_mask
+from mars.runtime.attention import additive_mask
+from mars.runtime.scoring import C_SCORING
 
 BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8", "static")
 WEIGHT_DTYPES = {"fast-bf16": torch.bfloat16, "fast-int8": torch.int8}  # fast backends with other matrices
 
 
 class HFBackend:
+    scoring = None  # the reference: torch ops only (the decoder's acceptance functions), no C
+
     def __init__(self, model, use_cache: bool = True):
         from transformers import DynamicCache
 
@@ -63,11 +66,11 @@ class HFBackend:
 
 
 class FastBackend:
-    def __init__(self, model, batch: int, capacity: int, weight_dtype: torch.dtype | None = None,
-                 layout: str = "auto", c_layers: bool | None = None):
-        from mars.core.fastpath import fast_model
+    scoring = C_SCORING  # greedy p(token) and top-k of its CPU float32 logits in one C call each
 
-        self.lm = fast_model(model, weight_dtype, layout, c_layers)
+    def __init__(self, flm, batch: int, capacity: int):
+        """flm: the model's fast path (mars.runtime.fastpath.fast_model, built once per model and weight dtype)."""
+        self.lm = flm
         self.cache = self.lm.new_cache(batch, capacity)
 
     @property
@@ -89,7 +92,7 @@ class FastBackend:
 def resolve_backend(model, name: str) -> str:
     """'auto' -> 'fast' or 'hf', 'auto-int8' -> 'fast-int8' or 'hf'; 'fast' on a model the fast path cannot run
     is an error that says why."""
-    from mars.core.fastpath import unsupported_reason
+    from mars.runtime.fastpath import unsupported_reason
 
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
@@ -114,7 +117,9 @@ def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = 
     if name == "hf":
         return HFBackend(model, use_cache)
     if name == "static":
-        from mars.core.static import StaticBackend
+        from mars.runtime.static import StaticBackend
 
         return StaticBackend(model, batch, capacity)
-    return FastBackend(model, batch, capacity, WEIGHT_DTYPES.get(name))
+    from mars.runtime.fastpath import fast_model
+
+    return FastBackend(fast_model(model, WEIGHT_DTYPES.get(name)), batch, capacity)

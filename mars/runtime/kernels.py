@@ -17,7 +17,7 @@ library in the cache folder (`MARS_CACHE`, else ~/.cache/mars-playground), compi
 this CPU (or AVX2 when `MARS_CPU_FLAGS` says the CPU has no AVX-512, as the suite's AVX2-only run does) and
 `-ffp-contract=off`, so the arithmetic is the one written below (`-fno-trapping-math` only lets it vectorize
 the clamps of a loop; no value changes). Where no compiler works (`cc` missing, a
-read-only cache) or `MARS_C_KERNELS=0`, `kernels()` returns None and mars.core.quant runs the same steps as
+read-only cache) or `MARS_C_KERNELS=0`, `kernels()` returns None and mars.runtime.quant runs the same steps as
 tensor ops and oneDNN: the same integers, floats equal to rounding (tested against each other).
 """
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from mars.core.layers_c import SOURCE as LAYERS_SOURCE
+from mars.runtime.layers_c import SOURCE as LAYERS_SOURCE
 
 SOURCE = r"""
 #include <stdint.h>
@@ -132,7 +132,7 @@ static inline void vstore_u8(uint8_t *p, __m256 x) {  /* 8 whole numbers in [0, 
 #define VPOW2I(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #endif
 
-/* One row at ~16 bits as two uint8 rows, bit for bit as mars.core.quant.quantize_rows2: u = x * (127 / amax(|x|)),
+/* One row at ~16 bits as two uint8 rows, bit for bit as mars.runtime.quant.quantize_rows2: u = x * (127 / amax(|x|)),
    q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
    in the default mode: half to even, as torch.round. */
 static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *r) {
@@ -306,7 +306,7 @@ void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, floa
 }
 
 /* y (n x m) = (q + r * (1/254)) * sx[row] * sw[col] (+ bias) (+ res): the rescale of the integer sums acc
-   (2n x m) = [q ; r] of the rows and their residuals, as mars.core.quant.Int8Linear's tensor ops do it
+   (2n x m) = [q ; r] of the rows and their residuals, as mars.runtime.quant.Int8Linear's tensor ops do it
    (add with alpha, which ATen computes as one fma). res: the residual stream to add (row stride ldr), or NULL. */
 /* One output: (q + r * (1/254)) * sx * sw (+ bias) (+ res), in this order (the tensor ops' order). The one
    rescale of every path: after oneDNN's sums (mars_combine_rows2) and after the C product (block_rescale). */
@@ -327,7 +327,7 @@ void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx,
 }
 
 /* The gated adapter's delta at a few rows, added in place: y[g] += B (A h[g]) for each row index g in rows
-   (row g of h and of y), as mars.core.fastpath._Linear._delta adds it at the rows whose gate is 1 (the other
+   (row g of h and of y), as mars.runtime.linear.Linear._delta adds it at the rows whose gate is 1 (the other
    rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 16) and B as segments,
    one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
    segment's B in bt, stored by blocks of outputs: range_delta): block_diag's zero blocks are never read. Both in
@@ -845,7 +845,7 @@ def _cache_dir() -> Path:
 
 
 def _arch_flags() -> list[str]:
-    from mars.core.fastpath import cpu_flags
+    from mars.runtime.cpu import cpu_flags
 
     if os.environ.get("MARS_CPU_FLAGS") and "avx512f" not in (cpu_flags() or set()):
         return ["-mavx2", "-mfma", "-mf16c"]  # the suite's AVX2-only run: code that an AVX2 CPU can run
@@ -853,7 +853,7 @@ def _arch_flags() -> list[str]:
 
 
 def _cpu_key() -> str:
-    from mars.core.fastpath import cpu_flags
+    from mars.runtime.cpu import cpu_flags
 
     return " ".join(sorted(cpu_flags() or ()))
 

@@ -1,4 +1,4 @@
-"""The int8 fast path's attention and whole-pass layer loop in C (source: mars.core.layers_c).
+"""The int8 fast path's attention and whole-pass layer loop in C (source: mars.runtime.layers_c).
 
     CLayers.of(lm)            -> CLayers, or None where a layer cannot run in C (not int8 on the C kernels,
                                  float32 rows; or gated deltas the C kernels do not take)
@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from mars.core.cpu_kernels import MAX_C_ROWS, kernels
+from mars.runtime.kernels import MAX_C_ROWS, kernels
 
 
 def attend(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int,

@@ -2,7 +2,7 @@
 the key (column).
 
   training   `mars_attention_mask(L, B, noisy_start)`: the [clean | noisy] mask of one training sequence;
-             `multi_copy_mask`: [clean | noisy_1 | noisy_2 ...] with shifted block grids. Rules (METHOD.md),
+             `multi_copy_mask`: [clean | noisy_1 | noisy_2 ...] with shifted block grids. Rules (docs/method.md),
              with block(t) = t // B counted from position 0 of the sequence (or from a grid offset):
                clean -> clean : k <= q                       (causal)
                noisy -> noisy : block(k) == block(q), k <= q (causal inside the block)
@@ -11,7 +11,6 @@ the key (column).
   inference  `window_mask`: one row's part of a decoding pass (its uncached real tokens, drafts fed as
              real tokens, as a chain or a tree, groups of masks); `pass_mask`: the rows' windows behind
              their cached columns.
-  additive   `additive_mask`: a boolean mask as the float mask attention adds to its scores.
 """
 
 from __future__ import annotations
@@ -130,15 +129,6 @@ def pass_mask(cached_keys: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
     allowed[:, torch.arange(W), C + torch.arange(W)] = True
     return allowed
 
-
-def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """bool (..., q, k) -> float mask on the same device: 0 where allowed, the dtype's minimum elsewhere.
-
-    An additive float mask means the same thing to transformers' eager and SDPA attention alike, and the
-    fast path builds it once per pass instead of once per layer.
-    """
-    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-    return out.masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def _blocks(pos: torch.Tensor, block_size: int, offset: int) -> torch.Tensor:

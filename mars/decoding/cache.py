@@ -1,7 +1,7 @@
 """The decoder's KV cache state: which columns are committed, which of them are keys, where the current
-cache block ends; over a backend's storage (mars/core/backends.py), which it alone drives.
+cache block ends; over a backend's storage (mars/runtime/backends.py), which it alone drives.
 
-Layout (mars/core/decoding.py): prompts are left-padded to a common length P, so row r's i-th token sits in
+Layout (mars/decoding/decoder.py): prompts are left-padded to a common length P, so row r's i-th token sits in
 column pad_r + i for every row. Columns [0, length) are committed: their KV was computed from real inputs
 and is kept. A pass writes its window after them; `commit` then keeps what every row computed from real
 inputs and the backend drops the rest (masks, rejected drafts) by position, as gpt-fast's cache does.
@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from mars.core.backends import make_backend
-from mars.core.masks import pass_mask
+from mars.decoding.masks import pass_mask
 
 
 class BlockCache:
     """Committed columns of a batch's KV cache and the cache block the rows are filling."""
 
-    def __init__(self, model, backend: str, prompt_len: int, pads: list[int], capacity: int, cache_block: int,
-                 use_cache: bool):
-        # the backend is sized for the run (it grows if need be); uncached runs keep no column between passes
-        self.runner = make_backend(model, backend, len(pads), capacity, use_cache)
+    def __init__(self, runner, prompt_len: int, pads: list[int], cache_block: int, use_cache: bool):
+        # runner: a backend made for this run (mars.runtime.backends: sized for it, it grows if need be);
+        # uncached runs keep no column between passes
+        self.runner = runner
         self.use_cache = use_cache
         self.pads = list(pads)  # left padding per live row: its columns are never keys
         self.key_ok = torch.zeros((len(pads), 0), dtype=torch.bool)  # (b_live, length): False for left padding

@@ -14,61 +14,41 @@ token after input i); `groups[g]` the logits of group g's masks.
            text is exactly AR greedy. Groups of masks propose the next drafts; group j sees the first j
            drafts, so whichever prefix is accepted, some group's proposals stay valid (the paper's Sec. 4.6).
            tau only filters which drafts are worth sending. Drafts may instead come from n-gram lookup in
-           the prompt and the text so far (mars.core.lookup), or from whichever of the two sources the rule
+           the prompt and the text so far (mars.decoding.lookup), or from whichever of the two sources the rule
            `prefer_lookup` expects to get more drafts accepted; the AR check keeps the text exact either way.
   jacobi   fixed-point iteration on guesses fed as real tokens (no masks): a peer that needs no training
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from mars.core.acceptance import accept_length, calibrate_logits, choose_and_score, repeat_flags_list, to_host
-from mars.core.lookup import Lookup, lookup_drafts
+from mars.decoding.acceptance import accept_length, calibrate_logits, choose_and_score, repeat_flags_list, to_host
+from mars.decoding.lookup import Lookup, lookup_drafts
+from mars.decoding.plan import Outcome, RowPlan
+from mars.decoding.tree import TreeMode, default_tree_groups
 
 DRAFT_SOURCES = ("mars", "lookup", "both")  # verified mode: where the drafts of a pass come from
 
 
-@dataclass
-class RowPlan:
-    # drafts or guesses fed as real tokens right after the row's real tokens, for the AR logits to check
-    to_verify: list[int] = field(default_factory=list)
-    groups: list[tuple[int, int]] = field(default_factory=list)  # (j, n): n masks that see the first j extras
-    source: str | None = None  # where to_verify came from: "mars", "lookup" (verified), None (no drafts)
-    to_verify_conf: list[float] | None = None  # the drafts' own confidences, where their source has them
-    # to_verify as a tree (mars.core.tree): each draft's parent, -1 = the row's last real token; None = a chain.
-    # Group (j, n) then sits after draft j-1 and sees its ancestors (masks.window_mask)
-    parents: list[int] | None = None
-
-
-@dataclass
-class Outcome:
-    tokens: list[int]  # accepted, in order
-    confidences: list[float]
-    rejected: list[int]  # proposals or drafts not accepted
-    rejected_confidences: list[float]
-    n_verified: int = 0  # leading to_verify tokens that were accepted: their KV (computed as real inputs) is valid
-    proposal_logits: torch.Tensor | None = None  # (n, V): the logits behind the record's candidates
-    tree_depths: list[list[int]] | None = None  # tree drafts: the candidates checked at each depth
-    tree_path: list[int] | None = None  # tree drafts: the accepted path's draft at each depth
-    repeat_guard: bool = False  # mars: the repeat guard (DecodeConfig.repeat_tau) cut the chain shorter than tau did
 
 
 class ARMode:
     name = "ar"
+    scoring = None  # the backend's faster scoring (mars.runtime.scoring), set by make_mode; None: torch ops
 
     def plan(self, row, cfg, tau) -> RowPlan:
         return RowPlan()
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
-        tok, conf = to_host(*choose_and_score(main[:1], cfg.confidence, cfg.temperature, gen))
+        tok, conf = to_host(*choose_and_score(main[:1], cfg.confidence, cfg.temperature, gen,
+                                              scoring=self.scoring))
         return Outcome(tok, conf, [], [], proposal_logits=main[:1])
 
 
 class MarsMode:
     name = "mars"
+    scoring = None  # the backend's faster scoring (mars.runtime.scoring), set by make_mode; None: torch ops
 
     def __init__(self, temperatures=None):
         self.temperatures = temperatures  # per mask index: draft calibration (None: raw confidences)
@@ -79,7 +59,8 @@ class MarsMode:
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         logits = torch.cat([main[:1]] + groups[:1])  # (B, V): the AR token, then the masks in order
         tok, conf = choose_and_score(logits, cfg.confidence, cfg.temperature, gen,
-                                     confidence_logits=calibrate_logits(logits, self.temperatures, ar_rows=1))
+                                     confidence_logits=calibrate_logits(logits, self.temperatures, ar_rows=1),
+                                     scoring=self.scoring)
         # scored where the logits are (a GPU's); the ids and confidences come back in one copy and the count is
         # taken on the host (a few comparisons: cheaper than the kernel launches of the tensor rule)
         t, c = to_host(tok, conf)
@@ -94,6 +75,7 @@ class MarsMode:
 
 class VerifiedMode:
     name = "verified"
+    scoring = None  # the backend's faster scoring (mars.runtime.scoring), set by make_mode; None: torch ops
 
     def __init__(self, groups: str = "all", temperatures=None, drafts: str = "mars"):
         self.groups = groups  # "all": one mask group per acceptance outcome; "last": only after all drafts
@@ -119,7 +101,8 @@ class VerifiedMode:
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         drafts = plan.to_verify
-        ar_tok, ar_conf = to_host(*choose_and_score(main, "prob"))  # greedy: the AR model's own choice after each input
+        # greedy: the AR model's own choice after each input
+        ar_tok, ar_conf = to_host(*choose_and_score(main, "prob", scoring=self.scoring))
         m = 0
         while m < len(drafts) and drafts[m] == ar_tok[m]:
             m += 1
@@ -136,7 +119,8 @@ class VerifiedMode:
         idx = [j for j, _ in plan.groups]
         if m in idx:
             g = groups[idx.index(m)]
-            tok, conf = choose_and_score(g, cfg.confidence, confidence_logits=calibrate_logits(g, self.temperatures, 0))
+            tok, conf = choose_and_score(g, cfg.confidence, confidence_logits=calibrate_logits(g, self.temperatures, 0),
+                                         scoring=self.scoring)
             tok, conf = to_host(tok, conf)
             keep = accept_length([1.0] + conf, tau) - 1  # leading conf >= tau
             if cfg.max_tokens_per_pass is not None:
@@ -151,7 +135,7 @@ def prefer_lookup(look: Lookup, mars_conf: list[float]) -> bool:
     Mask drafts: expected accepted = sum over k of conf_1 * ... * conf_k, the chance that the first k all
     match (drafts are accepted left to right). Measured against the AR text (scripts/measure_drafts.py,
     1002 passes) this is calibrated: in bins of 0.25 the mean accepted count is within ~0.1 of it.
-    Copied drafts: the measured mean accepted count at their match length (mars.core.lookup.EXPECTED_ACCEPTED).
+    Copied drafts: the measured mean accepted count at their match length (mars.decoding.lookup.EXPECTED_ACCEPTED).
     Ties go to the mask drafts, which are the narrower input. (The confidences are read as probabilities;
     with confidence "entropy" or "margin" the rule leans towards lookup.)
     Counterfactually on those passes (each pass scored with either source's drafts, 2n copies): this rule
@@ -168,6 +152,7 @@ def prefer_lookup(look: Lookup, mars_conf: list[float]) -> bool:
 
 class JacobiMode:
     name = "jacobi"
+    scoring = None  # the backend's faster scoring (mars.runtime.scoring), set by make_mode; None: torch ops
 
     def plan(self, row, cfg, tau) -> RowPlan:
         n = cfg.block_size - 1
@@ -176,7 +161,7 @@ class JacobiMode:
         return RowPlan(to_verify=guesses)
 
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
-        pred, conf = to_host(*choose_and_score(main, "prob"))
+        pred, conf = to_host(*choose_and_score(main, "prob", scoring=self.scoring))
         g = plan.to_verify
         m = 0
         while m < len(g) and g[m] == pred[m]:
@@ -190,24 +175,26 @@ MODES = {m.name: m for m in (MarsMode, ARMode, VerifiedMode, JacobiMode)}  # the
 VERIFY_GROUPS = ("all", "last")
 
 
-def make_mode(cfg, lm=None):
+def make_mode(cfg, lm=None, scoring=None):
     """The mode object for cfg.mode; `lm`'s draft calibration (mars.json "calibration") applies to the
-    confidence of every mask proposal in the mars and verified modes (the AR token is untouched)."""
+    confidence of every mask proposal in the mars and verified modes (the AR token is untouched).
+    `scoring`: the backend's faster scoring (mars.runtime.scoring; None: torch ops)."""
+    mode = _new_mode(cfg, lm)
+    mode.scoring = scoring
+    return mode
+
+
+def _new_mode(cfg, lm):
     temps = ((getattr(lm, "calibration", None) or {}).get("temperatures")) or None
     if cfg.mode == "mars":
         return MarsMode(temps)
     if cfg.mode == "verified" and cfg.tree_nodes:
-        from mars.core.tree import TreeMode, default_tree_groups  # imports this module
-
         groups = cfg.tree_groups
         if groups is None:
             model = getattr(lm, "model", None)
             groups = default_tree_groups(model.device.type if hasattr(model, "device") else "cpu")
-        store = None
-        if cfg.datastore:  # lm.datastore: a table of the caller's own (tests); else the shipped one
-            from mars.core.datastore import shipped_store
-
-            store = getattr(lm, "datastore", None) or shipped_store()  # None: files unreadable, masks and text only
+        # the table is handed in on lm.datastore (mars.models.datastore reads the shipped one); None: masks and text
+        store = getattr(lm, "datastore", None) if cfg.datastore else None
         vocab = getattr(getattr(getattr(lm, "model", None), "config", None), "vocab_size", None)
         return TreeMode(cfg.tree_nodes, cfg.verify_groups, temps, cfg.drafts, groups, store, vocab, cfg.pass_costs,
                         cfg.group_cost)

@@ -1,6 +1,6 @@
 """Datastore drafting: guess the next tokens from what this model wrote after the same words elsewhere.
 
-Prompt lookup (mars.core.lookup) copies only from the current text. A small model's answers share a great
+Prompt lookup (mars.decoding.lookup) copies only from the current text. A small model's answers share a great
 deal of phrasing across prompts ("Here are three ...", "In conclusion, ..."), so an n-gram table over its own
 greedy answers to other prompts (the self-distillation sets in data/selfdistill/, never the held-out ones)
 predicts the next tokens of a new answer too: retrieval drafting, as in REST (He et al., 2023), here as an
@@ -16,15 +16,11 @@ its probability; the chain stops at the first suffix unseen or below MIN_SHARE.
 
 from __future__ import annotations
 
-import warnings
-from pathlib import Path
-
 import numpy as np
 
 ORDER = 6  # longest suffix: longer ones are rarer but, where seen, a phrase the model repeats
 MIN_COUNT = 1  # a suffix seen once still predicts (its share is discounted: see below)
 MIN_SHARE = 0.3  # a continuation that is not clearly the usual one is not worth an input
-DEFAULT_SOURCES = ("data/selfdistill/train.jsonl.gz", "data/selfdistill/magpie.jsonl.gz")
 _MUL = 0x9E3779B97F4A7C15  # an odd 64-bit multiplier: keys are a polynomial hash of (n, tokens) mod 2**64
 _MASK = (1 << 64) - 1
 
@@ -100,12 +96,6 @@ class Datastore:
         at = np.argsort(keys, kind="stable")
         return cls(keys[at], toks[at].astype(np.int32), shares[at].astype(np.float32), order)
 
-    @classmethod
-    def from_files(cls, paths=DEFAULT_SOURCES, root: Path | None = None) -> "Datastore":
-        """From self-distillation files (JSON lines, gzipped or not, each with `response_ids`)."""
-        from mars.training.data import read_jsonl  # the datasets' one reader (corrupt lines: ValueError)
-
-        return cls.from_sequences([row["response_ids"] for p in paths for row in read_jsonl(Path(root or ".") / p)])
 
     def next_token(self, tokens: list[int]) -> tuple[int, float] | None:
         """After the longest suffix of tokens (up to `order`) that the table knows."""
@@ -140,29 +130,3 @@ def store_values(probs: list[float]) -> list[float]:
         v *= p
         out.append(v)
     return out
-
-
-_DEFAULT: Datastore | None = None
-_DEFAULT_ERROR: str | None = None
-
-
-def default_store() -> Datastore:
-    """The table over the shipped self-distillation sets (2.8 M entries, ~45 MB), built once per process (~4 s).
-    Raises OSError / ValueError where the files are missing or unreadable (`shipped_store` does not)."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = Datastore.from_files(DEFAULT_SOURCES, root=Path(__file__).resolve().parents[2])
-    return _DEFAULT
-
-
-def shipped_store() -> Datastore | None:
-    """default_store(), or None (once, with a warning) where its files are missing or corrupt: the tree then
-    drafts from the masks and the text alone."""
-    global _DEFAULT_ERROR
-    if _DEFAULT_ERROR is None:
-        try:
-            return default_store()
-        except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
-            _DEFAULT_ERROR = f"{type(e).__name__}: {e}"
-            warnings.warn(f"datastore drafts off: could not read {', '.join(DEFAULT_SOURCES)} ({_DEFAULT_ERROR})")
-    return None

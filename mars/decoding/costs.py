@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mars.core.cache import BlockCache
+from mars.decoding.cache import BlockCache
 
 
 def context_ids(lm, context: int) -> list[int]:
@@ -36,7 +36,10 @@ def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds:
     """Median seconds of a pass of each width over a cached context (one row, batch 1): (width, mask) -> s, where
     with mask True a pass's last input (of 2 or more) is the mask token, as a tree's one mask group at B 2."""
     prompt = context_ids(lm, context)
-    cache = BlockCache(lm.model, backend, context, [0], context + max(widths) + 1, context, True)
+    from mars.runtime.backends import make_backend  # what runs the model: the decoder's own default
+
+    runner = make_backend(lm.model, backend, 1, context + max(widths) + 1)
+    cache = BlockCache(runner, context, [0], context, True)
     with torch.inference_mode():
         n = context
         cache.forward(torch.tensor([prompt]), torch.arange(n)[None], torch.ones(1, n, n, dtype=torch.bool).tril(),
@@ -77,7 +80,7 @@ def fit_costs(medians: dict[int, float], max_width: int) -> tuple[float, ...]:
 def host_seconds(lm, backend: str, context: int = 128, passes: int = 12) -> float:
     """Median seconds of a whole AR decoding step over the same context: its forward and the decoder's host work
     around it (plan, score, accept, records); the caller subtracts the forward's own time."""
-    from mars.core.decoding import DecodeConfig, generate_ids
+    from mars.decoding.decoder import DecodeConfig, generate_ids
 
     cfg = DecodeConfig(mode="ar", tau=1.0, block_size=1, max_new_tokens=passes, backend=backend)
     steps = generate_ids(lm, [context_ids(lm, context)], cfg)[0].steps[1:]  # the first pass runs the prompt

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
-    from mars.core.decoding import DecodeConfig
+    from mars.decoding.decoder import DecodeConfig
 
 
 @dataclass
@@ -47,7 +47,7 @@ class PassRecord:
     drafts_sent: int = 0  # verified / jacobi: draft tokens fed as real inputs to be checked
     # verified: where the drafts sent came from: "mars", "lookup", "store", or a tree's "mars+lookup" / "mars+store"
     draft_source: str | None = None
-    # verified with tree drafts (mars.core.tree): the distinct candidates checked at each depth, likeliest
+    # verified with tree drafts (mars.decoding.tree): the distinct candidates checked at each depth, likeliest
     # first, and the accepted path's draft at each depth (the pass then adds the model's own next token)
     tree_depths: list[list[int]] | None = None
     tree_path: list[int] | None = None

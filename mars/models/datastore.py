@@ -1,0 +1,31 @@
+"""The default model's datastore (mars.decoding.datastore.Datastore) read from the shipped self-distillation
+sets: the decoder only ever gets the table, handed to it on `LoadedModel.datastore`."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from pathlib import Path
+
+from mars.decoding.datastore import Datastore
+
+DEFAULT_SOURCES = ("data/selfdistill/train.jsonl.gz", "data/selfdistill/magpie.jsonl.gz")
+
+
+def read_store(paths=DEFAULT_SOURCES, root: Path | None = None) -> Datastore:
+    """From self-distillation files (JSON lines, gzipped or not, each with `response_ids`)."""
+    from mars.training.data import read_jsonl  # the datasets' one reader (corrupt lines: ValueError)
+
+    return Datastore.from_sequences([row["response_ids"] for p in paths for row in read_jsonl(Path(root or ".") / p)])
+
+
+@functools.lru_cache(maxsize=None)
+def shipped_store(paths: tuple[str, ...] = DEFAULT_SOURCES, root: Path | None = None) -> Datastore | None:
+    """The table over the shipped self-distillation sets (2.8 M entries, ~45 MB), built once per process (~4 s);
+    None (once, with a warning) where its files are missing or corrupt: the tree then drafts from the masks
+    and the text alone."""
+    try:
+        return read_store(paths, root or Path(__file__).resolve().parents[2])
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
+        warnings.warn(f"datastore drafts off: could not read {', '.join(paths)} ({type(e).__name__}: {e})")
+    return None
