@@ -16,11 +16,11 @@ page's updates slow the passes; `--text-every 0.1 0.25` likewise per text interv
 between updates of the coloured text). `--handler` adds the app's generate handler run in-process without server or
 page. Every variant runs on each prompt before the next prompt, so a change in the machine's load falls on all.
 
-    PYTHONPATH=. python scripts/race.py                        # 3 held-out prompts, 64 new tokens
-    PYTHONPATH=. python scripts/race.py --limit 5 --max-new-tokens 128 --json runs/race.json
-    PYTHONPATH=. python scripts/race.py --chart-every 1.0 0.5 inf --no-visitors --no-bench
-    PYTHONPATH=. python scripts/race.py --browser-nice 19     # the browser yields the cores, as a remote one would
-    PYTHONPATH=. python scripts/race.py --browser-idle        # it draws only on an idle core (SCHED_IDLE)
+    python -m tools.race                        # 3 held-out prompts, 64 new tokens
+    python -m tools.race --limit 5 --max-new-tokens 128 --json runs/race.json
+    python -m tools.race --chart-every 1.0 0.5 inf --no-visitors --no-bench
+    python -m tools.race --browser-nice 19     # the browser yields the cores, as a remote one would
+    python -m tools.race --browser-idle        # it draws only on an idle core (SCHED_IDLE)
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ adapter. The text repeats phrases, so n-gram lookup finds copies. Vocabulary: th
 Backends: `stub` (the decoder alone) and `static` (the same stub behind mars.core.static.StaticBackend's
 host side: padding, the full-width mask, the gather of the kept logits; its model call replaced).
 
-    PYTHONPATH=$PWD python scripts/host_cost.py                    # this tree, every mode, batch 1 and 8
-    PYTHONPATH=$PWD python scripts/host_cost.py --compare /tmp/old  # old tree vs this one, interleaved
-    PYTHONPATH=$PWD python scripts/host_cost.py --modes tree:32 --batches 1 --profile   # where the time goes
+    python -m benchmarks.host_cost                    # this tree, every mode, batch 1 and 8
+    python -m benchmarks.host_cost --compare /tmp/old  # old tree vs this one, interleaved
+    python -m benchmarks.host_cost --modes tree:32 --batches 1 --profile   # where the time goes
 
---compare runs this script on each tree in turn (a fresh process, PYTHONPATH set to the tree), round by
-round, and prints ms per step side by side with the ratio old / new (median over rounds).
+--compare runs this script on each tree in turn (a fresh process, PYTHONPATH set to the tree, then this
+one's for `tests.tiny` and this file's package), round by round, and prints ms per step side by side with the ratio old / new (median over rounds).
 """
 
 from __future__ import annotations
@@ -241,7 +241,6 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
 
 
 def worker(args) -> dict:
-    sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.tiny; `mars` stays PYTHONPATH's
     from tests.tiny import make_loaded
 
     import mars
@@ -268,7 +267,6 @@ def profile(args):
     import cProfile
     import pstats
 
-    sys.path.append(str(Path(__file__).resolve().parent.parent))
     from tests.tiny import make_loaded
 
     torch.set_num_threads(1)
@@ -313,7 +311,8 @@ def main(argv=None) -> int:
     results = {name: [] for name in trees}
     for _ in range(args.rounds if args.compare else 1):
         for name, tree in trees.items():
-            env = dict(os.environ, PYTHONPATH=str(tree))
+            # by file, not -m: the caller's folder must not come before `tree` on the path; `mars` from `tree`
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(here)]))
             proc = subprocess.run([sys.executable, __file__, *passthrough, "--json"], env=env,
                                   capture_output=True, text=True, check=True)
             results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -7,7 +7,7 @@ the measurement on the app's model thread `--repeat` times, `--every` seconds ap
 slope (what one more input adds, relative to a pass of one), a pass of 4 and 8 inputs, and the mask group's
 cost; then the spread of the slopes.
 
-    PYTHONPATH=. python scripts/cost_drift.py --repeat 30 --every 1
+    python -m benchmarks.cost_drift --repeat 30 --every 1
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Pack the self-distilled data for committing: data/selfdistill/<split>.jsonl -> <split>.jsonl.gz.
 
 The top-k logits (kept only for an optional distillation term) are left out: they are large, and
-`scripts/make_data.py --topk 8` regenerates them (greedy decoding is deterministic).
-    python scripts/pack_data.py train heldout
+`tools/make_data.py --topk 8` regenerates them (greedy decoding is deterministic).
+    python -m tools.pack_data train heldout
 """
 
 import gzip

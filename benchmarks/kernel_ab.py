@@ -6,9 +6,9 @@ by width and round by round, so that a change in the machine's load falls on all
 the mask token (the gated adapter's rows), or real tokens with `--bare`. Prints the median ms per pass and its
 ratio to the first variant's 1-input pass.
 
-    PYTHONPATH=. python scripts/kernel_ab.py HEAD~1 HEAD                  # did the last commit make a pass cheaper?
-    PYTHONPATH=. python scripts/kernel_ab.py HEAD HEAD:-DSOME_FLAG --bare  # a compile-time variant
-    PYTHONPATH=. python scripts/kernel_ab.py HEAD --stages --widths 1 7     # where a pass's time goes, per step
+    python -m benchmarks.kernel_ab HEAD~1 HEAD                  # did the last commit make a pass cheaper?
+    python -m benchmarks.kernel_ab HEAD HEAD:-DSOME_FLAG --bare  # a compile-time variant
+    python -m benchmarks.kernel_ab HEAD --stages --widths 1 7     # where a pass's time goes, per step
 
 `--stages` builds every variant with -DMARS_STAGES (timers around each step of the C layer loop; they cost
 ~0.1 ms a pass) and prints each step's mean microseconds per pass; "rest" is the pass outside the loop (the

@@ -10,12 +10,12 @@ background load on the machine falls on all of them alike; the median and the mi
 reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.fastpath.LAYOUTS): `linear`
 (the model's own matrices, MKL), `packed` (oneDNN-packed copies), `auto` (linear for <= 2 rows, else packed).
 
-    python scripts/pass_cost.py --threads 1
-    python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
-    python scripts/pass_cost.py --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
-    python scripts/pass_cost.py --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
-    python scripts/pass_cost.py --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.core.static)
-    python scripts/pass_cost.py --threads 2 --backends fast fast-int8-ops fast-int8 --widths 1 2 4 7   # the C layers
+    python -m benchmarks.pass_cost --threads 1
+    python -m benchmarks.pass_cost --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
+    python -m benchmarks.pass_cost --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
+    python -m benchmarks.pass_cost --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
+    python -m benchmarks.pass_cost --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.core.static)
+    python -m benchmarks.pass_cost --threads 2 --backends fast fast-int8-ops fast-int8 --widths 1 2 4 7   # the C layers
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ the mask group too only while its drafts pay for it (DecodeConfig.group_cost).
 Every shape runs on each prompt before the next prompt, round by round, so a change in the machine's load
 falls on all alike. Prints tokens/s, ms per pass, tokens per pass and the speed against AR's.
 
-    PYTHONPATH=. python scripts/tree_shapes.py 2/4 2/6 3/4 3/6 2/4/0.1 --prompts 0 3 7 11 15 19 23 27
-    PYTHONPATH=. python scripts/tree_shapes.py 2/2s 2/4s 2/4sc 2/4sg 1/4sc --rounds 2
+    python -m benchmarks.tree_shapes 2/4 2/6 3/4 3/6 2/4/0.1 --prompts 0 3 7 11 15 19 23 27
+    python -m benchmarks.tree_shapes 2/2s 2/4s 2/4sc 2/4sg 1/4sc --rounds 2
 """
 
 from __future__ import annotations

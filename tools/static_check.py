@@ -1,8 +1,8 @@
 """One short device check of the static backend (mars/core/static.py): pass cost by width, decoding speed
 against core AR, and how often the outputs agree, printed and written as JSON.
 
-    python scripts/static_check.py --device cuda --dtype bfloat16 --out static_check.json    # the GPU check
-    python scripts/static_check.py --device cpu --limit 2 --max-new-tokens 8 --rounds 2      # a smoke test
+    python -m tools.static_check --device cuda --dtype bfloat16 --out static_check.json    # the GPU check
+    python -m tools.static_check --device cpu --limit 2 --max-new-tokens 8 --rounds 2      # a smoke test
 
 What it measures (issue 22's goals, batch 1 unless said):
   pass_ms     ms per pass of W inputs against a cached prefix, static vs hf (pass_cost.py's method):
@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _sync(device: str):
@@ -79,7 +76,7 @@ def main(argv=None) -> int:
     from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
     from mars.evaluation.bench import read_prompts, spread_indices
     from mars.models.loading import load
-    from pass_cost import measure
+    from benchmarks.pass_cost import measure
 
     lm = load(adapter=args.adapter, dtype=args.dtype, device=args.device)
     prompts = read_prompts(args.prompts)

@@ -5,7 +5,7 @@ and each guarded point against the unguarded curve at the same tokens per pass.
       python -m mars eval --limit 20 --max-new-tokens 48 --threads 2 --known '' \
           --taus 0.95 0.9 0.8 0.7 0.5 --repeat-tau $rt --out runs/stutter/eval_rt$rt.json
     done
-    python scripts/stutter_table.py --reference off=runs/stutter/eval_rtoff.json \
+    python -m benchmarks.stutter_table --reference off=runs/stutter/eval_rtoff.json \
         guard1.0=runs/stutter/eval_rt1.0.json guard0.99=runs/stutter/eval_rt0.99.json
 
 Every file must come from the same prompts, token budget and adapter. Columns, per tau:
@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from arms_table import nll_at  # scripts/ is on the path when this file runs as a script
+from benchmarks.arms_table import nll_at
 
 
 def curve(paths: str) -> list[dict]:

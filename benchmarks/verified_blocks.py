@@ -7,10 +7,10 @@ load falls on all of them. Prints tokens per pass, inputs per pass, ms per pass,
 drafts were sent and accepted per pass. The app's CPU default for verified mode (mars.app.inputs.mode_block)
 comes from this.
 
-    python scripts/verified_blocks.py --limit 20 --max-new-tokens 48 --rounds 2            # B 2, 3, 4, int8
-    python scripts/verified_blocks.py --limit 3 --max-new-tokens 64 --blocks 2 4 --taus 0 0.2
-    python scripts/verified_blocks.py --limit 20 --blocks 2 4 --tree-nodes 0 4 6 8   # chains and draft trees
-    python scripts/verified_blocks.py --limit 10 --max-new-tokens 64 --blocks 2 --tree-nodes 0 2 3 4 --tree-groups 1 2 3
+    python -m benchmarks.verified_blocks --limit 20 --max-new-tokens 48 --rounds 2            # B 2, 3, 4, int8
+    python -m benchmarks.verified_blocks --limit 3 --max-new-tokens 64 --blocks 2 4 --taus 0 0.2
+    python -m benchmarks.verified_blocks --limit 20 --blocks 2 4 --tree-nodes 0 4 6 8   # chains and draft trees
+    python -m benchmarks.verified_blocks --limit 10 --max-new-tokens 64 --blocks 2 --tree-nodes 0 2 3 4 --tree-groups 1 2 3
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ clean copy saves.
 Same micro-batches (real training examples at the arms' settings), layouts interleaved round by round in
 one process so a background load falls on all alike; medians and ratios to `standard` are printed.
 
-    python scripts/step_cost.py --threads 1 --rounds 5
+    python -m benchmarks.step_cost --threads 1 --rounds 5
 """
 
 from __future__ import annotations
