@@ -39,12 +39,12 @@ def curve(paths: str) -> list[dict]:
              "guard_stops": r.get("repeat_guard_stops", 0)} for r in rows]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("arms", nargs="*", help="NAME=EVAL_JSON[,EVAL_JSON...]: guard settings to compare with the reference")
     ap.add_argument("--reference", required=True, help="NAME=EVAL_JSON[,EVAL_JSON...]: the guard off")
     ap.add_argument("--json", default=None, help="also write every point here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     specs = [args.reference] + args.arms
     if any("=" not in s for s in specs):
         ap.error("give each eval as NAME=EVAL_JSON")

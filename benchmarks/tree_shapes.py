@@ -40,11 +40,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("shapes", nargs="+", help="B/N, B/N/tau, B/N[/tau]s")
     ap.add_argument("--prompts", type=int, nargs="+", default=[0, 3, 7, 11, 15, 19, 23, 27],
-                    help="indices into data/prompts/heldout.jsonl")
+                    help="indices into --prompt-file")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--backend", default="fast-int8")
+    ap.add_argument("--model", default=None, help="Hub id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--prompt-file", default="data/prompts/heldout.jsonl")
     args = ap.parse_args(argv)
 
     from mars.core.decoding import encode_prompt, generate_ids
@@ -52,8 +54,8 @@ def main(argv=None) -> int:
     from mars.models.loading import load
 
     torch.set_num_threads(args.threads)
-    lm = load()
-    texts = read_prompts("data/prompts/heldout.jsonl")
+    lm = load(args.model)
+    texts = read_prompts(args.prompt_file)
     ids = [encode_prompt(lm.tokenizer, texts[i]) for i in args.prompts]
     costs = None
     if any(spec.endswith(("c", "g")) for spec in args.shapes):

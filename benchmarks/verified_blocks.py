@@ -25,7 +25,7 @@ from mars.evaluation.bench import read_prompts, spread_indices
 from mars.models.loading import load
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", default="data/prompts/heldout.jsonl")
     ap.add_argument("--limit", type=int, default=20, help="prompts, spread through the file")
@@ -40,9 +40,10 @@ def main():
                     help="mask groups a tree carries (DecodeConfig.tree_groups), each at every tree size")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    ap.add_argument("--model", default=None, help="Hub id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    lm = load()
+    lm = load(args.model)
     prompts = read_prompts(args.prompts)
     ids = [encode_prompt(lm.tokenizer, prompts[i]) for i in spread_indices(len(prompts), args.limit)]
     base = dict(max_new_tokens=args.max_new_tokens, backend=args.backend)
