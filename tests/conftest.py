@@ -4,7 +4,7 @@ Imports: pytest.ini puts the repository root on the path (`app.py` is the Space'
 the package); `tiny` sits beside this file, which pytest's default import mode puts on the path.
 """
 
-import importlib.util
+import importlib
 import os
 from pathlib import Path
 
@@ -79,13 +79,11 @@ def ui(lm):
 
 @pytest.fixture(scope="session")
 def load_script():
-    """Import one of scripts/*.py by file (scripts are command-line tools, not a package)."""
+    """Import one of tools/*.py or benchmarks/*.py by its name (both are packages at the repository root)."""
 
     def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        package = "tools" if (ROOT / "tools" / f"{name}.py").is_file() else "benchmarks"
+        return importlib.import_module(f"{package}.{name}")
 
     return load
 

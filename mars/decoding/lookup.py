@@ -11,7 +11,7 @@ occurrences of that n-gram it takes the most recent one (a list or a loop repeat
 A longer match predicts the copy better: it copies more tokens, and its `expected` accepted count is
 higher; the verified mode's "both" rule (mars.decoding.modes.prefer_lookup) weighs that against the mask drafts.
 
-Measured with scripts/measure_drafts.py (shipped adapter, 40 held-out prompts outside the bench's sample,
+Measured with scripts/measure_drafts.py (since removed; shipped adapter, 40 held-out prompts outside the bench's sample,
 48 new tokens, 1002 verified passes): share of passes whose k-th copied token is accepted, k = 1..6,
   n=1 (267 passes): .16 .09 .06 .04 .03 .02
   n=2  (52 passes): .54 .31 .23 .14 .06 .04

@@ -133,7 +133,7 @@ def prefer_lookup(look: Lookup, mars_conf: list[float]) -> bool:
     """The "both" rule: send the copied drafts when they are expected to get more tokens accepted.
 
     Mask drafts: expected accepted = sum over k of conf_1 * ... * conf_k, the chance that the first k all
-    match (drafts are accepted left to right). Measured against the AR text (scripts/measure_drafts.py,
+    match (drafts are accepted left to right). Measured against the AR text (scripts/measure_drafts.py, since removed,
     1002 passes) this is calibrated: in bins of 0.25 the mean accepted count is within ~0.1 of it.
     Copied drafts: the measured mean accepted count at their match length (mars.decoding.lookup.EXPECTED_ACCEPTED).
     Ties go to the mask drafts, which are the narrower input. (The confidences are read as probabilities;

@@ -2,7 +2,7 @@
 
 For each backend, on the same prompts: its greedy (or MARS) text, that text's mean NLL under the exact
 reference model (the float32 model through transformers: `mean_nll`), exact and prefix match with the
-reference backend's text, and known-answer accuracy. Returned as rows of data; scripts/int8_quality.py prints.
+reference backend's text, and known-answer accuracy. Returned as rows of data; benchmarks/int8_quality.py prints.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Matrices (`Linear`): a pass of 1 or 2 rows runs `F.linear` on the model's own ma
 as fast as memory allows, and no copy); a wider pass runs oneDNN on a copy packed once, with q/k/v and
 gate/up fused into one matrix each, because MKL's sgemm repacks the weight on every call: 4 rows cost
 ~1.6x one row there, ~1.1x on the packed copy. The price is one more copy of the model's matrices in
-memory (~540 MB for SmolLM2-135M in float32). `scripts/pass_cost.py` measures all of this.
+memory (~540 MB for SmolLM2-135M in float32). `benchmarks/pass_cost.py` measures all of this.
 
 Numerics follow transformers' (RMSNorm in float32, the model's rotary table), so logits agree to
 rounding (relative ~1e-5 in float32, ~1e-15 in float64): only the order of sums differs.

@@ -48,7 +48,7 @@ SOURCE = r"""
 #include <omp.h>
 #endif
 
-/* Stage timers, compiled in only with -DMARS_STAGES (scripts/kernel_ab.py --stages): seconds spent in each
+/* Stage timers, compiled in only with -DMARS_STAGES (benchmarks/kernel_ab.py --stages): seconds spent in each
    step of the layer loop, summed over layers and calls, read and reset by mars_stages. */
 #if defined(MARS_STAGES)
 #include <time.h>
@@ -859,7 +859,7 @@ def _cpu_key() -> str:
 
 
 def compile_flags() -> list[str]:
-    """The compiler flags the kernels are built with, OpenMP aside (scripts/kernel_ab.py builds with them too)."""
+    """The compiler flags the kernels are built with, OpenMP aside (benchmarks/kernel_ab.py builds with them too)."""
     return ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *_arch_flags()]
 
 

@@ -4,7 +4,7 @@ mars.runtime.kernels' SOURCE, after it: it calls the kernels defined there).
 Why: through the per-layer Python path a pass of the default model ran ~10 small steps a layer (30 layers)
 as tensor ops and wrapper calls, each with its allocations and dispatch, and SDPA with a mask: on two cores a
 1-token int8 pass took 12.3 ms where its matrix products take ~4. In one C call the same pass takes 6.4 ms
-(scripts/pass_cost.py, docs/int8.md):
+(benchmarks/pass_cost.py, docs/int8.md):
   - `mars_attend`: the rotary on q and k, the window's K and V written into the cache, and attention over
     the allowed keys, all per query row: a row's scores, softmax and weighted sum are computed in the same
     order whatever else is in its pass (its own allowed keys, absolute key order, masked keys adding exact

@@ -15,7 +15,7 @@ lists.  All randomness comes from ``random.Random`` instances seeded with
 fixed strings, and nothing iterates over a ``set`` of strings, so the output
 is byte-identical on every run (independent of PYTHONHASHSEED).
 
-Usage:  python scripts/build_prompts.py
+Usage:  python -m tools.build_prompts
 """
 
 from __future__ import annotations

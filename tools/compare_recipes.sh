@@ -4,8 +4,9 @@
 # then is scored the cheap way (teacher-forced draft accuracy, one forward per held-out example) and by
 # real decoding on 20 prompts (TAUS).
 # Resumable: a finished recipe (its eval JSON exists) is skipped; an interrupted one resumes training.
-#   MINUTES=20 THREADS=1 bash scripts/compare_recipes.sh                 # the first comparison (from scratch)
-#   SET=round2 MINUTES=40 THREADS=1 bash scripts/compare_recipes.sh      # the data arms, from the shipped adapter
+#   MINUTES=20 THREADS=1 bash tools/compare_recipes.sh                 # the first comparison (from scratch)
+#   SET=round2 MINUTES=40 THREADS=1 bash tools/compare_recipes.sh      # the data arms, from the shipped adapter
+# Env: PYTHON [python3] runs everything.
 # round2: control (same data, fixed grid) against fresh model-written prompts, shifted grids and the
 # authors' per-sequence weighting, each continuing the shipped adapter with its own recipe (lr 5e-4, B=4,
 # last slot skipped), and the gated adapter (from the bare model, as the issue asks). ONLY="a b" runs some arms; several calls with different ONLY run side by side.
@@ -14,6 +15,7 @@ set -euo pipefail
 # run for hours) cannot change what a running copy does next
 {
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
 MINUTES=${MINUTES:-20}
 THREADS=${THREADS:-1}
 DATA=${DATA:-data/selfdistill/train.jsonl.gz}
@@ -50,13 +52,13 @@ for name in ${ONLY:-${!recipes[@]}}; do
   dir="$OUT/$name"
   [ -f "$dir/eval.json" ] && { echo "skip $name (done)"; continue; }
   # shellcheck disable=SC2086
-  python -m mars train "${common[@]}" ${recipes[$name]} --out "$dir" 2>>"$dir.log" | tail -1
+  "$PY" -m mars train "${common[@]}" ${recipes[$name]} --out "$dir" 2>>"$dir.log" | tail -1
   adapter="$dir"; model=()
   if [ -d "$dir/model" ]; then adapter=none; model=(--model "$dir/model"); fi
-  python -m mars eval "${model[@]}" --adapter "$adapter" --limit 20 --taus $TAUS --max-new-tokens 48 \
+  "$PY" -m mars eval "${model[@]}" --adapter "$adapter" --limit 20 --taus $TAUS --max-new-tokens 48 \
     --known-limit 20 --threads "$THREADS" --out "$dir/eval.json" 2>>"$dir.log" | tail -3
 done
-python - "$OUT" <<'EOF'
+"$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])

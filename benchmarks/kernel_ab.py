@@ -1,14 +1,14 @@
 """The int8 C kernels of two commits, side by side in one process, on the real pass of the default model.
 
-Builds mars.core.cpu_kernels' C source as it is at each git revision (plus optional -D flags), loads each
-library, and times the default model's int8 pass (the C layer loop and the LM head) with each in turn, width
+Builds mars.runtime.kernels' C source as it is at each git revision (plus optional -D flags), loads each
+library, and times the default model's (or --model's) int8 pass (the C layer loop and the LM head) with each in turn, width
 by width and round by round, so that a change in the machine's load falls on all. Inputs after the first are
 the mask token (the gated adapter's rows), or real tokens with `--bare`. Prints the median ms per pass and its
 ratio to the first variant's 1-input pass.
 
-    PYTHONPATH=. python scripts/kernel_ab.py HEAD~1 HEAD                  # did the last commit make a pass cheaper?
-    PYTHONPATH=. python scripts/kernel_ab.py HEAD HEAD:-DSOME_FLAG --bare  # a compile-time variant
-    PYTHONPATH=. python scripts/kernel_ab.py HEAD --stages --widths 1 7     # where a pass's time goes, per step
+    python -m benchmarks.kernel_ab HEAD~1 HEAD                  # did the last commit make a pass cheaper?
+    python -m benchmarks.kernel_ab HEAD HEAD:-DSOME_FLAG --bare  # a compile-time variant
+    python -m benchmarks.kernel_ab HEAD --stages --widths 1 7     # where a pass's time goes, per step
 
 `--stages` builds every variant with -DMARS_STAGES (timers around each step of the C layer loop; they cost
 ~0.1 ms a pass) and prints each step's mean microseconds per pass; "rest" is the pass outside the loop (the
@@ -40,8 +40,8 @@ def source_at(rev: str) -> str:
                               check=True).stdout
 
     layers = types.ModuleType("layers_c_at")
-    exec(compile(show("mars/core/layers_c.py"), "layers_c_at", "exec"), layers.__dict__)
-    text = show("mars/core/cpu_kernels.py").replace("from mars.core.layers_c import SOURCE as LAYERS_SOURCE",
+    exec(compile(show("mars/runtime/layers_c.py"), "layers_c_at", "exec"), layers.__dict__)
+    text = show("mars/runtime/kernels.py").replace("from mars.runtime.layers_c import SOURCE as LAYERS_SOURCE",
                                                     "LAYERS_SOURCE = _LAYERS")
     mod = types.ModuleType("cpu_kernels_at")
     mod.__dict__["_LAYERS"] = layers.SOURCE
@@ -51,15 +51,17 @@ def source_at(rev: str) -> str:
 
 def build(variant: str, folder: Path, i: int):
     """'REV' or 'REV:-DFLAG -DOTHER' -> the loaded library."""
-    import mars.core.cpu_kernels as ck
+    import mars.runtime.kernels as ck
 
     rev, _, flags = variant.partition(":")
-    saved = ck.SOURCE
-    ck.SOURCE = source_at(rev)
-    try:
-        so, why = ck._compile("cc", ck.compile_flags() + ["-fopenmp"] + flags.split(), folder / f"v{i}.so")
-    finally:
-        ck.SOURCE = saved
+    src, lib = folder / f"v{i}.c", folder / f"v{i}.so"
+    src.write_text(source_at(rev))
+    # built here with the kernels' flags; cpu_kernels' own loader then finds the library and declares its functions
+    done = subprocess.run(["cc", *ck.compile_flags(), "-fopenmp", *flags.split(), str(src), "-o", str(lib), "-lm"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{variant}: cc failed: {done.stderr.strip()[-300:]}")
+    so, why = ck._compile("cc", [], lib)
     if so is None:
         raise SystemExit(f"{variant}: {why}")
     if hasattr(so, "mars_stages"):  # revisions before the stage timers lack it
@@ -67,7 +69,7 @@ def build(variant: str, folder: Path, i: int):
     return so
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="+", help="git revisions, each optionally with :<compiler flags>")
     ap.add_argument("--widths", type=int, nargs="+", default=[1, 2, 3, 4, 6])
@@ -76,30 +78,33 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--bare", action="store_true", help="real tokens only: no gated adapter rows")
     ap.add_argument("--stages", action="store_true", help="time each step of the C layer loop (see above)")
-    args = ap.parse_args()
+    ap.add_argument("--model", default=None, help="Hub id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    args = ap.parse_args(argv)
     if args.stages:
         args.variants = [v if ":" in v else v + ":" for v in args.variants]
         args.variants = [v + " -DMARS_STAGES" for v in args.variants]
     torch.set_num_threads(args.threads)
-    from mars.core.backends import FastBackend
+    from mars.runtime.backends import FastBackend
+    from mars.runtime.fastpath import fast_model
     from mars.models.loading import load
 
     folder = Path(tempfile.mkdtemp(prefix="kernel-ab-"))
     libs = {v: build(v, folder, i) for i, v in enumerate(args.variants)}
-    lm = load(None, adapter="none" if args.bare else "auto")
-    be = FastBackend(lm.model, 1, args.prompt_len + max(args.widths) + 1, torch.int8)
+    lm = load(args.model, adapter="none" if args.bare else "auto")
+    vocab = lm.model.config.vocab_size
+    be = FastBackend(fast_model(lm.model, torch.int8), 1, args.prompt_len + max(args.widths) + 1)
     if be.lm.c_layers is None:
         raise SystemExit("the C layer loop does not run here (no C compiler, or MARS_C_LAYERS=0)")
     P = args.prompt_len
     g = torch.Generator().manual_seed(0)
-    be.forward(torch.randint(100, 49152, (1, P), generator=g), torch.arange(P)[None],
+    be.forward(torch.randint(100, vocab, (1, P), generator=g), torch.arange(P)[None],
                torch.tril(torch.ones(P, P, dtype=torch.bool))[None], [P - 1])
     times = {(v, W): [] for v in libs for W in args.widths}
     stages = {(v, W): [0.0] * len(STAGES) for v in libs for W in args.widths}
     buf = (ctypes.c_double * len(STAGES))()
     for r in range(args.rounds + 1):  # round 0 warms up
         for W in args.widths:
-            ids = torch.randint(100, 49152, (1, W), generator=g)
+            ids = torch.randint(100, vocab, (1, W), generator=g)
             if not args.bare:
                 ids[0, 1:] = lm.mask_token_id
             pos = torch.arange(P, P + W)[None]

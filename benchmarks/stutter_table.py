@@ -5,7 +5,7 @@ and each guarded point against the unguarded curve at the same tokens per pass.
       python -m mars eval --limit 20 --max-new-tokens 48 --threads 2 --known '' \
           --taus 0.95 0.9 0.8 0.7 0.5 --repeat-tau $rt --out runs/stutter/eval_rt$rt.json
     done
-    python scripts/stutter_table.py --reference off=runs/stutter/eval_rtoff.json \
+    python -m benchmarks.stutter_table --reference off=runs/stutter/eval_rtoff.json \
         guard1.0=runs/stutter/eval_rt1.0.json guard0.99=runs/stutter/eval_rt0.99.json
 
 Every file must come from the same prompts, token budget and adapter. Columns, per tau:
@@ -25,7 +25,7 @@ import argparse
 import json
 from pathlib import Path
 
-from arms_table import nll_at  # scripts/ is on the path when this file runs as a script
+from benchmarks.arms_table import nll_at
 
 
 def curve(paths: str) -> list[dict]:
@@ -39,12 +39,12 @@ def curve(paths: str) -> list[dict]:
              "guard_stops": r.get("repeat_guard_stops", 0)} for r in rows]
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("arms", nargs="*", help="NAME=EVAL_JSON[,EVAL_JSON...]: guard settings to compare with the reference")
     ap.add_argument("--reference", required=True, help="NAME=EVAL_JSON[,EVAL_JSON...]: the guard off")
     ap.add_argument("--json", default=None, help="also write every point here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     specs = [args.reference] + args.arms
     if any("=" not in s for s in specs):
         ap.error("give each eval as NAME=EVAL_JSON")

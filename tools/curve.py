@@ -1,10 +1,10 @@
 """Acceptance against training CPU-hours: gather teacher-forced (and, where measured, decoding) evaluations
 of a checkpoint's successive pieces and snapshots into one JSON list for the model card and its plot.
 
-    python scripts/curve.py --point v0 runs/v0/tf100.json 1.26 --point v2 runs/v2/tf100.json 3.1 \
+    python -m tools.curve --point v0 runs/v0/tf100.json 1.26 --point v2 runs/v2/tf100.json 3.1 \
         --decoding v2 runs/v2/eval.json --out runs/curve.json
-    python scripts/curve.py --previous assets/mars-adapter/curve.json --point v4 runs/tf/v4.json 7.9 --out runs/curve.json
-    python scripts/curve.py --previous assets/mars-adapter/curve.json --point r2 runs/r2/tf100.json 2.5 \
+    python -m tools.curve --previous assets/mars-adapter/curve.json --point v4 runs/tf/v4.json 7.9 --out runs/curve.json
+    python -m tools.curve --previous assets/mars-adapter/curve.json --point r2 runs/r2/tf100.json 2.5 \
         --decoding r2 runs/r2/eval.json --branch r2 "gated r2" --out runs/curve.json      # an arm off the chain
 
 Each --point is NAME TF_JSON CPU_HOURS: TF_JSON is `python -m mars eval --teacher-forced-only --out` for
@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mars.core.records import stored
+from mars.decoding.records import stored
 
 
 QUALITY = ("mean_nll_under_ar", "mean_nll_under_bare", "known_answer_accuracy")

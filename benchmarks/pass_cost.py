@@ -7,15 +7,15 @@ costs relative to a 1-input pass. This prints that cost ratio, by pass width, fo
 Each pass runs against a cached prefix of --prompt-len tokens, reads the logits of every input (as MARS
 does), then drops its KV. Backends and widths are interleaved round by round in one process, so a
 background load on the machine falls on all of them alike; the median and the minimum over rounds are
-reported. `fast:<layout>` runs the fast path with one matrix layout (mars.core.fastpath.LAYOUTS): `linear`
+reported. `fast:<layout>` runs the fast path with one matrix layout (mars.runtime.fastpath.LAYOUTS): `linear`
 (the model's own matrices, MKL), `packed` (oneDNN-packed copies), `auto` (linear for <= 2 rows, else packed).
 
-    python scripts/pass_cost.py --threads 1
-    python scripts/pass_cost.py --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
-    python scripts/pass_cost.py --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
-    python scripts/pass_cost.py --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
-    python scripts/pass_cost.py --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.core.static)
-    python scripts/pass_cost.py --threads 2 --backends fast fast-int8-ops fast-int8 --widths 1 2 4 7   # the C layers
+    python -m benchmarks.pass_cost --threads 1
+    python -m benchmarks.pass_cost --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
+    python -m benchmarks.pass_cost --backends fast --adapter runs/compare/gated --masks --widths 1 5   # a gated adapter's cost
+    python -m benchmarks.pass_cost --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
+    python -m benchmarks.pass_cost --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.runtime.static)
+    python -m benchmarks.pass_cost --threads 2 --backends fast fast-int8-ops fast-int8 --widths 1 2 4 7   # the C layers
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from mars.core.backends import WEIGHT_DTYPES, FastBackend, HFBackend
+from mars.runtime.backends import WEIGHT_DTYPES, FastBackend, HFBackend
+from mars.runtime.fastpath import fast_model
 
 
 class Floor:
@@ -37,7 +38,7 @@ class Floor:
     under any exact float32 pass of this width. The gap between `fast` and this row is its overhead."""
 
     def __init__(self, model, weight_dtype: torch.dtype | None = None):
-        from mars.core.fastpath import FastLM
+        from mars.runtime.fastpath import FastLM
 
         fast = FastLM(model, weight_dtype)
         self.mats = [m for layer in fast.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
@@ -63,15 +64,15 @@ def make(model, name: str, capacity: int):
     if name == "hf":
         return HFBackend(model)
     if name == "static":
-        from mars.core.static import StaticBackend
+        from mars.runtime.static import StaticBackend
 
         return StaticBackend(model, 1, capacity)
     if name in ("floor", "floor-int8"):
         return Floor(model, torch.int8 if name == "floor-int8" else None)
     if name == "fast-int8-ops":
-        return FastBackend(model, 1, capacity, torch.int8, c_layers=False)
+        return FastBackend(fast_model(model, torch.int8, c_layers=False), 1, capacity)
     base, _, layout = name.partition(":")
-    return FastBackend(model, 1, capacity, WEIGHT_DTYPES.get(base), layout or "auto")
+    return FastBackend(fast_model(model, WEIGHT_DTYPES.get(base), layout or "auto"), 1, capacity)
 
 
 def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_len: int, seed: int = 0,

@@ -1,4 +1,4 @@
-"""The app's warm-up measurement of pass costs (mars.core.costs.measure_pass_costs), repeated: how much does what a
+"""The app's warm-up measurement of pass costs (mars.decoding.costs.measure_pass_costs), repeated: how much does what a
 wider pass costs move on this machine from one measurement to the next?
 
 The app measures once, at warm-up (~0.8 s), and every tree's cut then follows that one table for the process's
@@ -7,7 +7,7 @@ the measurement on the app's model thread `--repeat` times, `--every` seconds ap
 slope (what one more input adds, relative to a pass of one), a pass of 4 and 8 inputs, and the mask group's
 cost; then the spread of the slopes.
 
-    PYTHONPATH=. python scripts/cost_drift.py --repeat 30 --every 1
+    python -m benchmarks.cost_drift --repeat 30 --every 1
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ def main(argv=None) -> int:
     import torch
 
     from mars.app.inputs import app_backend
-    from mars.core.backends import resolve_backend
+    from mars.runtime.backends import resolve_backend
     from mars.app.serving import ModelHolder
-    from mars.core.costs import measure_pass_costs
+    from mars.decoding.costs import measure_pass_costs
 
     holder = ModelHolder()
     lm = holder.get()  # loaded and warmed up as the app does

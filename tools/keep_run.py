@@ -7,7 +7,7 @@ on every matrix of the default model). The trainer and the loader read them back
 the rounding (relative 2^-11) is printed. The optimizer's moments are not kept (they are 4x the weights):
 a continuation with `--adapter DEST` starts a fresh AdamW, and mars.json's history still chains the pieces.
 
-    python scripts/keep_run.py runs/r2 data/checkpoints/r2 --note "steps 1-60 float32, then --autocast bfloat16"
+    python -m tools.keep_run runs/r2 data/checkpoints/r2 --note "steps 1-60 float32, then --autocast bfloat16"
     python -m mars train ... --adapter data/checkpoints/r2 --out runs/r2b     # the next piece
 """
 

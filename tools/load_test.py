@@ -1,8 +1,8 @@
 """Load test: several concurrent API clients against the app on this machine, bounded in requests and time.
 
-    python scripts/load_test.py                               # starts `python app.py` (MARS_MODEL or the default)
-    python scripts/load_test.py --clients 6 --requests 12 --max-new-tokens 32
-    python scripts/load_test.py --url http://127.0.0.1:7860/ --pid 1234   # a server already running here
+    python -m tools.load_test                               # starts `python app.py` (MARS_MODEL or the default)
+    python -m tools.load_test --clients 6 --requests 12 --max-new-tokens 32
+    python -m tools.load_test --url http://127.0.0.1:7860/ --pid 1234   # a server already running here
 
 Loopback only: the script refuses any other host. Each client is its own gradio_client.Client calling the
 public `/generate` endpoint with the app's example prompts. One warm-up request (it loads the model) is not

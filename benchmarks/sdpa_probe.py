@@ -4,7 +4,7 @@ transformers runs SmolLM2 with attn_implementation "sdpa"; with an explicit mask
 to 9 and hands SDPA a float mask (GQA in SDPA needs no mask). Flash attention takes no arbitrary mask, so on
 CUDA the mask-aware memory-efficient kernel is the one that can run it: this checks each kernel alone.
 
-    python scripts/sdpa_probe.py --device cuda [--model DIR] [--batch 4] [--max-length 256]
+    python -m benchmarks.sdpa_probe --device cuda [--model DIR] [--batch 4] [--max-length 256]
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """The recipe arms side by side: tokens per forward against the text's quality at each tau, and whether an
 arm's speed/quality curve dominates a reference's (the shipped adapter's).
 
-    python scripts/arms_table.py --reference v3 runs/compare/v3/eval.json --bare runs/compare/bare/eval.json \
+    python -m benchmarks.arms_table --reference v3 runs/compare/v3/eval.json --bare runs/compare/bare/eval.json \
         runs/compare/{control,fresh,shift,weighting,gated} > runs/compare/table.md
 
 Each arm is a folder with eval.json (`python -m mars eval`, the same prompts, taus and token budget for
@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mars.core.records import stored
+from mars.decoding.records import stored
 
 
 def read_arm(spec: str) -> tuple[str, dict, dict]:

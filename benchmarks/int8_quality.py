@@ -7,25 +7,23 @@ greedy, and known answers. `--taus` adds MARS rows with the adapter (--adapter, 
 on both backends, judged the same way. The bar (issue 24): NLL ratio <= 1.03 and known answers within one
 question of float32's.
 
-    PYTHONPATH=. nice python scripts/int8_quality.py --threads 2
-    PYTHONPATH=. nice python scripts/int8_quality.py --threads 2 --taus 0.9 0.7 --json runs/int8_quality.json
+    nice python -m benchmarks.int8_quality --threads 2
+    nice python -m benchmarks.int8_quality --threads 2 --taus 0.9 0.7 --json runs/int8_quality.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
     import torch
 
-    from mars.core.decoding import encode_prompt
+    from mars.decoding.decoder import encode_prompt
     from mars.evaluation.backend_quality import backend_quality, format_rows
     from mars.evaluation.bench import spread_indices
     from mars.models.loading import load

@@ -1,8 +1,8 @@
-"""One short device check of the static backend (mars/core/static.py): pass cost by width, decoding speed
+"""One short device check of the static backend (mars/runtime/static.py): pass cost by width, decoding speed
 against core AR, and how often the outputs agree, printed and written as JSON.
 
-    python scripts/static_check.py --device cuda --dtype bfloat16 --out static_check.json    # the GPU check
-    python scripts/static_check.py --device cpu --limit 2 --max-new-tokens 8 --rounds 2      # a smoke test
+    python -m tools.static_check --device cuda --dtype bfloat16 --out static_check.json    # the GPU check
+    python -m tools.static_check --device cpu --limit 2 --max-new-tokens 8 --rounds 2      # a smoke test
 
 What it measures (issue 22's goals, batch 1 unless said):
   pass_ms     ms per pass of W inputs against a cached prefix, static vs hf (pass_cost.py's method):
@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
 
 
 def _sync(device: str):
@@ -35,7 +32,7 @@ def _sync(device: str):
 
 
 def decode_speed(lm, ids, batch: int, max_new: int, device: str) -> dict:
-    from mars.core.decoding import DecodeConfig, generate_ids
+    from mars.decoding.decoder import DecodeConfig, generate_ids
 
     methods = {"ar": dict(mode="ar"), "mars_0.9": dict(mode="mars", tau=0.9),
                "verified_both": dict(mode="verified", tau=0.0, drafts="both")}
@@ -76,10 +73,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
 
-    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
     from mars.evaluation.bench import read_prompts, spread_indices
     from mars.models.loading import load
-    from pass_cost import measure
+    from benchmarks.pass_cost import measure
 
     lm = load(adapter=args.adapter, dtype=args.dtype, device=args.device)
     prompts = read_prompts(args.prompts)

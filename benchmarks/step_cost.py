@@ -12,7 +12,7 @@ clean copy saves.
 Same micro-batches (real training examples at the arms' settings), layouts interleaved round by round in
 one process so a background load falls on all alike; medians and ratios to `standard` are printed.
 
-    python scripts/step_cost.py --threads 1 --rounds 5
+    python -m benchmarks.step_cost --threads 1 --rounds 5
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 import torch
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="data/selfdistill/train.jsonl.gz")
     ap.add_argument("--rounds", type=int, default=5)
@@ -33,7 +33,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=256)
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    ap.add_argument("--model", default=None, help="Hub id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     from peft import LoraConfig, get_peft_model
@@ -44,14 +45,14 @@ def main() -> None:
     from mars.training.objective import build_batch, forward_batch, gated_forward, mars_loss, noisy_loss
     from mars.training.train import LORA_TARGETS
 
-    lm = load(adapter="none")
+    lm = load(args.model, adapter="none")
     eos = lm.eos_token_ids[0]
     examples = load_examples(args.data, lm.tokenizer, eos, args.max_length)[: args.rounds * args.batch_size]
     batches = [build_batch(examples[i:i + args.batch_size], args.block_size, lm.mask_token_id, eos, args.max_length,
                            skip_last_slot=True) for i in range(0, len(examples), args.batch_size)]
     lcfg = dict(r=16, lora_alpha=32, target_modules=list(LORA_TARGETS))
     plain = get_peft_model(lm.model, LoraConfig(**lcfg))
-    gated = get_peft_model(load(adapter="none").model, LoraConfig(**lcfg))
+    gated = get_peft_model(load(args.model, adapter="none").model, LoraConfig(**lcfg))
     gate_peft_model(gated, lm.mask_token_id)
     for m in (plain, gated):
         m.train()
@@ -66,7 +67,7 @@ def main() -> None:
         return noisy_loss(gated_forward(gated, b, gated.disable_adapter()), b)["loss"]
 
     layouts = {"standard": standard, "gated-one": gated_one, "gated": gated_two}
-    from mars.core.fastpath import bf16_unsupported_reason
+    from mars.runtime.cpu import bf16_unsupported_reason
 
     if bf16_unsupported_reason() is None:
         from mars.training.train import autocast_context

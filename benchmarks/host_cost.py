@@ -10,15 +10,15 @@ p+1 (confidently), a mask at position p predicts it too, but only some of the ti
 confidence (otherwise a random token): drafts are sometimes right, sometimes wrong, as with a trained
 adapter. The text repeats phrases, so n-gram lookup finds copies. Vocabulary: the tests' tiny tokenizer.
 
-Backends: `stub` (the decoder alone) and `static` (the same stub behind mars.core.static.StaticBackend's
+Backends: `stub` (the decoder alone) and `static` (the same stub behind mars.runtime.static.StaticBackend's
 host side: padding, the full-width mask, the gather of the kept logits; its model call replaced).
 
-    PYTHONPATH=$PWD python scripts/host_cost.py                    # this tree, every mode, batch 1 and 8
-    PYTHONPATH=$PWD python scripts/host_cost.py --compare /tmp/old  # old tree vs this one, interleaved
-    PYTHONPATH=$PWD python scripts/host_cost.py --modes tree:32 --batches 1 --profile   # where the time goes
+    python -m benchmarks.host_cost                    # this tree, every mode, batch 1 and 8
+    python -m benchmarks.host_cost --compare /tmp/old  # old tree vs this one, interleaved
+    python -m benchmarks.host_cost --modes tree:32 --batches 1 --profile   # where the time goes
 
---compare runs this script on each tree in turn (a fresh process, PYTHONPATH set to the tree), round by
-round, and prints ms per step side by side with the ratio old / new (median over rounds).
+--compare runs this script on each tree in turn (a fresh process, PYTHONPATH set to the tree, then this
+one's for `tests.tiny` and this file's package), round by round, and prints ms per step side by side with the ratio old / new (median over rounds).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class StubLM:
 
 
 class StubBackend:
-    """The decoder's backend interface (mars.core.backends) over StubLM: forward costs a gather."""
+    """The decoder's backend interface (mars.runtime.backends) over StubLM: forward costs a gather."""
 
     def __init__(self, stub: StubLM, batch: int):
         self.stub, self.rows, self.length = stub, list(range(batch)), 0
@@ -106,8 +106,8 @@ class StubBackend:
 
 
 def static_stub_backend(stub: StubLM, batch: int, capacity: int):
-    """mars.core.static.StaticBackend with its model call replaced by the stub: its host side, as it runs."""
-    from mars.core import static
+    """mars.runtime.static.StaticBackend with its model call replaced by the stub: its host side, as it runs."""
+    from mars.runtime import static
 
     class FakeState:
         def __init__(self, b, cap):
@@ -214,16 +214,14 @@ def _mark(t: torch.Tensor) -> torch.Tensor:
 def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block: int, count_ops: bool = False):
     """(ms per step, passes, tensor ops per step or None, the records) of one decode with the stub backend.
     The stub's own forward is counted too (a gather: a handful of ops per pass)."""
-    from mars.core import cache as cache_mod
-    from mars.core.decoding import DecodeConfig, generate_ids
+    from mars.decoding.decoder import DecodeConfig, generate_ids
 
-    def make(model, name, b, capacity, use_cache=True):
+    def make(model, cfg, b, capacity):  # the decoder's backend: the stub
         return StubBackend(stub, b) if backend == "stub" else static_stub_backend(stub, b, capacity)
 
-    cache_mod.make_backend = make  # the BlockCache's backend: the stub
     cfg = DecodeConfig(block_size=block, max_new_tokens=max_new, **MODES[mode])
     prompts = prompts_for(batch, len(lm.tokenizer))
-    from mars.core import masks
+    from mars.decoding import masks
 
     for name in dir(masks):  # a cold start: no shape kept from an earlier run of the same prompts
         if hasattr(getattr(masks, name), "cache_clear"):
@@ -231,7 +229,7 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
     counter = OpCounter() if count_ops else contextlib.nullcontext()
     t0 = time.perf_counter()
     with counter:
-        runs = generate_ids(lm, prompts, cfg)
+        runs = generate_ids(lm, prompts, cfg, backend=make)
     dt = time.perf_counter() - t0
     passes = len({s.pass_index for r in runs for s in r.steps})
     # what must not change: every record's fields but its wall time
@@ -241,7 +239,6 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
 
 
 def worker(args) -> dict:
-    sys.path.append(str(Path(__file__).resolve().parent.parent))  # tests.tiny; `mars` stays PYTHONPATH's
     from tests.tiny import make_loaded
 
     import mars
@@ -268,7 +265,6 @@ def profile(args):
     import cProfile
     import pstats
 
-    sys.path.append(str(Path(__file__).resolve().parent.parent))
     from tests.tiny import make_loaded
 
     torch.set_num_threads(1)
@@ -313,7 +309,8 @@ def main(argv=None) -> int:
     results = {name: [] for name in trees}
     for _ in range(args.rounds if args.compare else 1):
         for name, tree in trees.items():
-            env = dict(os.environ, PYTHONPATH=str(tree))
+            # by file, not -m: the caller's folder must not come before `tree` on the path; `mars` from `tree`
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(here)]))
             proc = subprocess.run([sys.executable, __file__, *passthrough, "--json"], env=env,
                                   capture_output=True, text=True, check=True)
             results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -7,7 +7,7 @@
    seconds, tokens, passes, median pass ms.
 3. Two visitors at once: two pages press Generate together; each one's time to its first group, and the
    order in which the server ran their passes (a wrapper on the holder's passes records the worker thread).
-4. Runs the same prompts the bench's way (`mars.core.decoding.generate_ids`, the bench's core path) on the same
+4. Runs the same prompts the bench's way (`mars.decoding.decoder.generate_ids`, the bench's core path) on the same
    thread count, the app's default mode and tau then ar, and prints app vs bench side by side.
 
 `--chart-every 1.0 inf` repeats step 2 once per chart interval (the app's MARS_CHART_EVERY_S: seconds between
@@ -16,11 +16,11 @@ page's updates slow the passes; `--text-every 0.1 0.25` likewise per text interv
 between updates of the coloured text). `--handler` adds the app's generate handler run in-process without server or
 page. Every variant runs on each prompt before the next prompt, so a change in the machine's load falls on all.
 
-    PYTHONPATH=. python scripts/race.py                        # 3 held-out prompts, 64 new tokens
-    PYTHONPATH=. python scripts/race.py --limit 5 --max-new-tokens 128 --json runs/race.json
-    PYTHONPATH=. python scripts/race.py --chart-every 1.0 0.5 inf --no-visitors --no-bench
-    PYTHONPATH=. python scripts/race.py --browser-nice 19     # the browser yields the cores, as a remote one would
-    PYTHONPATH=. python scripts/race.py --browser-idle        # it draws only on an idle core (SCHED_IDLE)
+    python -m tools.race                        # 3 held-out prompts, 64 new tokens
+    python -m tools.race --limit 5 --max-new-tokens 128 --json runs/race.json
+    python -m tools.race --chart-every 1.0 0.5 inf --no-visitors --no-bench
+    python -m tools.race --browser-nice 19     # the browser yields the cores, as a remote one would
+    python -m tools.race --browser-idle        # it draws only on an idle core (SCHED_IDLE)
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def bench_race(lm, prompt: str, max_new: int, threads: int) -> dict:
 
     from mars.app.inputs import (DEFAULT_MODE_LABEL, MODE_LABELS, MODE_TAU, app_tree_nodes, fit_to_model, make_config,
                                  mode_block)
-    from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+    from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 
     torch.set_num_threads(threads)
     ids = encode_prompt(lm.tokenizer, prompt)

@@ -7,10 +7,10 @@ load falls on all of them. Prints tokens per pass, inputs per pass, ms per pass,
 drafts were sent and accepted per pass. The app's CPU default for verified mode (mars.app.inputs.mode_block)
 comes from this.
 
-    python scripts/verified_blocks.py --limit 20 --max-new-tokens 48 --rounds 2            # B 2, 3, 4, int8
-    python scripts/verified_blocks.py --limit 3 --max-new-tokens 64 --blocks 2 4 --taus 0 0.2
-    python scripts/verified_blocks.py --limit 20 --blocks 2 4 --tree-nodes 0 4 6 8   # chains and draft trees
-    python scripts/verified_blocks.py --limit 10 --max-new-tokens 64 --blocks 2 --tree-nodes 0 2 3 4 --tree-groups 1 2 3
+    python -m benchmarks.verified_blocks --limit 20 --max-new-tokens 48 --rounds 2            # B 2, 3, 4, int8
+    python -m benchmarks.verified_blocks --limit 3 --max-new-tokens 64 --blocks 2 4 --taus 0 0.2
+    python -m benchmarks.verified_blocks --limit 20 --blocks 2 4 --tree-nodes 0 4 6 8   # chains and draft trees
+    python -m benchmarks.verified_blocks --limit 10 --max-new-tokens 64 --blocks 2 --tree-nodes 0 2 3 4 --tree-groups 1 2 3
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import collections
 
 import torch
 
-from mars.core.decoding import DecodeConfig, encode_prompt, generate_ids
+from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from mars.evaluation.bench import read_prompts, spread_indices
 from mars.models.loading import load
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", default="data/prompts/heldout.jsonl")
     ap.add_argument("--limit", type=int, default=20, help="prompts, spread through the file")
@@ -35,14 +35,15 @@ def main():
     ap.add_argument("--drafts", default="both", choices=["mars", "lookup", "both"])
     ap.add_argument("--backend", default="fast-int8")
     ap.add_argument("--tree-nodes", type=int, nargs="+", default=[0],
-                    help="0: the chain; N > 0: a draft tree of N nodes (mars.core.tree), each at every B and tau")
+                    help="0: the chain; N > 0: a draft tree of N nodes (mars.decoding.tree), each at every B and tau")
     ap.add_argument("--tree-groups", type=int, nargs="+", default=[1],
                     help="mask groups a tree carries (DecodeConfig.tree_groups), each at every tree size")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args()
+    ap.add_argument("--model", default=None, help="Hub id or folder (default: the embedded SmolLM2-135M-Instruct)")
+    args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    lm = load()
+    lm = load(args.model)
     prompts = read_prompts(args.prompts)
     ids = [encode_prompt(lm.tokenizer, prompts[i]) for i in spread_indices(len(prompts), args.limit)]
     base = dict(max_new_tokens=args.max_new_tokens, backend=args.backend)

@@ -3,8 +3,8 @@
 Each prompt is one user message through the chat template; the response is the model's greedy AR output
 (the core's AR mode, batched). Resumable: finished ids are skipped, results are appended as they come.
 
-    python scripts/make_data.py --split heldout --out data/selfdistill/heldout.jsonl
-    python scripts/make_data.py --split train --out data/selfdistill/train.jsonl --threads 1
+    python -m tools.make_data --split heldout --out data/selfdistill/heldout.jsonl
+    python -m tools.make_data --split train --out data/selfdistill/train.jsonl --threads 1
 
 Each line: {"id", "kind", "prompt", "prompt_ids", "response_ids", "finished", "messages",
             "topk_ids", "topk_logprobs"}  (top-k of the model's own next-token distribution per response
@@ -38,7 +38,7 @@ def main() -> int:
 
     import torch
 
-    from mars.core.decoding import DecodeConfig, decode_steps, encode_prompt
+    from mars.decoding.decoder import DecodeConfig, decode_steps, encode_prompt
     from mars.models.loading import load
 
     if args.threads:

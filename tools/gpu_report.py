@@ -1,7 +1,7 @@
 """The GPU check's report: one table from the bench runs and the training throughput run of one
-`scripts/gpu_check.sh` call, printed and written as JSON. Every figure comes from that call's own files.
+`tools/gpu_check.sh` call, printed and written as JSON. Every figure comes from that call's own files.
 
-    python scripts/gpu_report.py --bench OUT/bench_b1.json OUT/bench_b8.json --train OUT/train --out OUT/gpu_check.json
+    python -m tools.gpu_report --bench OUT/bench_b1.json OUT/bench_b8.json --train OUT/train --out OUT/gpu_check.json
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 NAMES = {"ar": "core AR", "hf": "transformers generate", "mars": "MARS tau {tau:g}",
          "verified": "verified (a group per outcome)", "verified_last": "verified (one group, last)",
@@ -80,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", nargs="*", default=[], help="bench JSON files of this run")
     ap.add_argument("--train", default=None, help="the throughput run's --out folder")
     ap.add_argument("--train-stdout", default=None, help="the throughput run's stdout (its summary line)")
-    ap.add_argument("--sdpa", default=None, help="scripts/sdpa_probe.py's JSON line")
+    ap.add_argument("--sdpa", default=None, help="benchmarks/sdpa_probe.py's JSON line")
     ap.add_argument("--out", required=True)
     ap.add_argument("--note", default="")
     args = ap.parse_args(argv)

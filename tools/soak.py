@@ -1,7 +1,7 @@
 """Memory over many consecutive runs: the app's Generate handler, in this process, N times in a row.
 
-    python scripts/soak.py                      # the default model (or MARS_MODEL), 50 runs
-    python scripts/soak.py --runs 50 --max-new-tokens 16 --compare
+    python -m tools.soak                      # the default model (or MARS_MODEL), 50 runs
+    python -m tools.soak --runs 50 --max-new-tokens 16 --compare
 
 Each run is what a visitor's Generate does (MARS, then the AR comparison with --compare, the charts, the
 inspector, the download files). Prints the process RSS after a few warm-up runs and after the N runs;

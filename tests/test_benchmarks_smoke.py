@@ -1,0 +1,146 @@
+"""Every benchmark in benchmarks/ runs, as a module from the repository root, on the tiny model with minimal
+arguments and prints (or writes) a sane result. Slow: each is its own process (~5-20 s on a shared 2-core
+machine). benchmarks.arms_table is run the same way, on every run, by tests/test_ship.py."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def bench(name: str, *args, env=None, timeout=300) -> str:
+    r = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *map(str, args)], cwd=ROOT, capture_output=True,
+                       text=True, env={**ENV, **(env or {})}, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    """Training rows in the chat format the trainer reads."""
+    row = {"messages": [{"role": "user", "content": "what is the capital of france ?"},
+                        {"role": "assistant", "content": "the capital of france is paris . it is a great city ."}]}
+    path = tmp_path_factory.mktemp("data") / "d.jsonl"
+    path.write_text((json.dumps(row) + "\n") * 8)
+    return path
+
+
+def test_pass_cost(tiny_dir, tmp_path):
+    out = tmp_path / "pc.json"
+    text = bench("pass_cost", "--model", tiny_dir, "--backends", "hf", "fast", "--widths", 1, 4, "--rounds", 2,
+                 "--prompt-len", 16, "--out", out)
+    assert "hf time / backend time" in text
+    res = json.loads(out.read_text())
+    for stat in ("median", "min"):
+        assert set(res["ms_per_pass"][stat]) == {"hf", "fast"}
+        assert all(ms > 0 for row in res["ms_per_pass"][stat].values() for ms in row.values())
+
+
+def test_host_cost():
+    text = bench("host_cost", "--modes", "ar", "mars:0.9", "--batches", 1, "--max-new", 12, "--repeats", 1)
+    rows = [m.groups() for m in re.finditer(r"^(\S+)\s+(\d+) (\S+)\s+([\d.]+) \(\s*(\d+)\)", text, re.M)]
+    assert {(r[0], r[2]) for r in rows} == {(m, b) for m in ("ar", "mars:0.9") for b in ("stub", "static")}
+    for mode, batch, backend, ms, passes in rows:
+        assert batch == "1" and float(ms) > 0
+        assert int(passes) == 12 if mode == "ar" else 1 <= int(passes) <= 12  # AR: a pass a token
+
+
+def test_step_cost(tiny_dir, chat_data):
+    text = bench("step_cost", "--model", tiny_dir, "--data", chat_data, "--rounds", 2, "--batch-size", 2,
+                 "--max-length", 64)
+    res = json.loads(text.strip().splitlines()[-1])
+    assert res["rounds"] == 2 and res["tokens_per_micro_batch"] > 0
+    assert {"standard", "gated-one", "gated"} <= set(res["median_seconds"])
+    assert res["ratio_to_standard"]["standard"] == 1.0 and all(s > 0 for s in res["median_seconds"].values())
+
+
+def test_sdpa_probe(tiny_dir, chat_data):
+    res = json.loads(bench("sdpa_probe", "--device", "cpu", "--model", tiny_dir, "--data", chat_data, "--batch", 2,
+                           "--max-length", 64).strip().splitlines()[-1])
+    assert res["device"] == "cpu" and res["attn_implementation"] == "sdpa" and res["shape"][0] == 2
+    assert res["kernels"]["math"] == "runs" and set(res["kernels"]) == {"flash", "efficient", "math"}
+
+
+def test_int8_quality(tiny_dir, tmp_path):
+    out = tmp_path / "q.json"
+    bench("int8_quality", "--model", tiny_dir, "--limit", 2, "--known-limit", 2, "--max-new-tokens", 8,
+          "--threads", 1, "--json", out)
+    rows = json.loads(out.read_text())
+    assert [r["backend"] for r in rows] == ["fast", "fast-int8"]
+    assert rows[0]["nll_ratio"] == 1.0 and rows[0]["exact_match"] == 1.0  # the reference against itself
+    assert rows[1]["nll_ratio"] > 0 and 0 <= rows[1]["prefix_match"] <= 1 and rows[1]["known_total"] == 2
+
+
+def test_tree_shapes(tiny_dir):
+    text = bench("tree_shapes", "2/4", "2/4sc", "--model", tiny_dir, "--prompts", 0, 1, "--max-new-tokens", 12,
+                 "--threads", 1)
+    assert "pass costs by inputs:" in text  # "c": the costs measured once
+    lines = {ln.split()[0]: ln for ln in text.splitlines() if ln.endswith("x AR")}
+    assert set(lines) == {"ar", "2/4", "2/4sc"}
+    assert "1.000x AR" in lines["ar"]
+    for ln in lines.values():
+        tokens_per_pass = float(re.search(r"([\d.]+) tokens/pass", ln).group(1))
+        assert tokens_per_pass >= 1.0 and float(re.search(r"([\d.]+) tokens/s", ln).group(1)) > 0
+
+
+def test_verified_blocks(tiny_dir):
+    text = bench("verified_blocks", "--model", tiny_dir, "--limit", 2, "--max-new-tokens", 12, "--blocks", 2,
+                 "--tree-nodes", 0, 4, "--threads", 1)
+    rows = {ln[:31].strip(): ln[31:].split() for ln in text.splitlines() if ln.startswith(("ar ", "verified B"))}
+    assert set(rows) == {"ar", "verified B 2 tau 0", "verified B 2 tau 0 tree 4"}
+    assert rows["ar"][0] == "1.000" and rows["ar"][4] == "1.00x"  # AR: one token a pass, itself
+    for r in rows.values():
+        assert float(r[0]) >= 1.0 and float(r[1]) >= 1.0 and float(r[3]) > 0  # tokens and inputs a pass, tok/s
+
+
+def test_kernel_ab(tiny_dir):
+    from mars.runtime.kernels import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(unavailable_reason())
+    text = bench("kernel_ab", "HEAD", "--model", tiny_dir, "--stages", "--widths", 1, 2, "--rounds", 2,
+                 "--prompt-len", 16, "--threads", 1)
+    head = next(ln for ln in text.splitlines() if ln.startswith("HEAD:"))
+    cells = re.findall(r"W(\d+)\s+([\d.]+) \(([\d.]+)\)", head)
+    assert [c[0] for c in cells] == ["1", "2"] and cells[0][2] == "1.00" and all(float(c[1]) > 0 for c in cells)
+    steps = {ln.split()[0] for ln in text.split("microseconds per pass by step")[1].splitlines()[2:] if ln.strip()}
+    assert {"norm1", "qkv", "attention", "down", "rest"} <= steps
+
+
+def test_cost_drift(tiny_dir, tmp_path):
+    out = tmp_path / "drift.json"
+    text = bench("cost_drift", "--repeat", 2, "--every", 0, "--json", out, env={"MARS_MODEL": str(tiny_dir)})
+    assert "slope over 2 measurements" in text
+    res = json.loads(out.read_text())
+    assert res["model"] == str(tiny_dir) and len(res["rows"]) == 2
+    for row in res["rows"]:
+        assert len(row["by_width"]) >= 8 and row["by_width"][0] == 1.0  # relative to a pass of one input
+        assert all(c > 0 for c in row["by_width"]) and row["group"] >= 0
+
+
+def test_stutter_table(tmp_path):
+    def ev(name, points):  # (tau, tokens/pass, NLL under the bare model, stutter per 100 words)
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"decoding": [
+            {"tau": t, "tokens_per_pass": s, "mean_nll_under_bare": n, "stutter": {"per_100_words": st,
+             "texts_with_stutter": st / 10}, "repeat_guard_stops": 1} for t, s, n, st in points]}))
+        return path
+
+    off = ev("off", [(1.0, 1.0, 2.0, 0.0), (0.9, 1.5, 2.2, 1.0), (0.7, 2.0, 2.6, 3.0)])
+    on = ev("on", [(1.0, 1.0, 2.0, 0.0), (0.7, 1.75, 2.2, 0.5)])
+    out = tmp_path / "points.json"
+    text = bench("stutter_table", f"guard={on}", "--reference", f"off={off}", "--json", out)
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in text.splitlines()[2:] if ln.startswith("|")]
+    assert len(rows) == 5 and rows[0][0] == "off" and rows[3][0] == "guard"
+    assert rows[4][1:5] == ["0.70", "1.750", "1.100", "1.200"]  # the guard's point; off at its speed: 2.4 / 2.0
+    assert json.loads(out.read_text())["guard"][1]["nll_x_bare"] == pytest.approx(1.1)
