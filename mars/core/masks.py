@@ -2,7 +2,7 @@
 the key (column).
 
   training   `mars_attention_mask(L, B, noisy_start)`: the [clean | noisy] mask of one training sequence;
-             `multi_copy_mask`: [clean | noisy_1 | noisy_2 ...] with shifted block grids. Rules (METHOD.md),
+             `multi_copy_mask`: [clean | noisy_1 | noisy_2 ...] with shifted block grids. Rules (docs/method.md),
              with block(t) = t // B counted from position 0 of the sequence (or from a grid offset):
                clean -> clean : k <= q                       (causal)
                noisy -> noisy : block(k) == block(q), k <= q (causal inside the block)
