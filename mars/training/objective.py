@@ -8,7 +8,7 @@ token) and dropping the earlier blocks saves compute without losing any scored p
 Options: a shifted block grid (blocks start at offset + k*B) and several noisy copies with different
 offsets against one clean copy ([clean | noisy_1 | noisy_2 ...], `multi_copy_mask`).
 
-The attention masks themselves live with every other mask in mars.decoding.masks (the four rules of METHOD.md).
+The attention masks themselves live with every other mask in mars.decoding.masks (the four rules of docs/method.md).
 Logits stay right-shifted: the output at position t is scored against token t+1 in both copies.
 """
 
