@@ -214,7 +214,8 @@ def cmd_calibrate(args) -> int:
 
     import torch
 
-    from mars.training.data import read_jsonl, to_example
+    from mars.jsonl import read_jsonl
+    from mars.training.data import to_example
     from mars.evaluation.evaluate import draft_accuracy, fit_temperatures
     from mars.models.loading import ADAPTER_WEIGHTS, MARS_META, load
 
@@ -262,7 +263,8 @@ def cmd_eval(args) -> int:
 
     import torch
 
-    from mars.training.data import read_jsonl, to_example
+    from mars.jsonl import read_jsonl
+    from mars.training.data import to_example
     from mars.decoding.decoder import encode_prompt
     from mars.evaluation.evaluate import decoding_eval, draft_accuracy
     from mars.models.loading import load

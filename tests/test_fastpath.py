@@ -7,7 +7,7 @@ import torch
 
 import tiny
 from mars.runtime.backends import FastBackend, HFBackend, resolve_backend
-from mars.runtime import cpu, fastpath
+from mars.runtime import cpu
 from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from mars.runtime.fastpath import KVCache, fast_model, unsupported_reason
 

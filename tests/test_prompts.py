@@ -152,7 +152,7 @@ def _training_prompt_files():
 def test_training_data_never_holds_a_reserved_prompt(magpie):
     """Held-out prompts, known-answer questions and the app's examples stay out of all training data: no
     exact copy anywhere, and no near-duplicate among the model-written prompts (the generator drops them)."""
-    from mars.training.data import read_jsonl
+    from mars.jsonl import read_jsonl
 
     reserved_texts = magpie.reserved_texts()
     assert len(reserved_texts) >= 150 + 120 + 12

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import tiny
-from mars.runtime import static
 from mars.decoding.acceptance import _in_one_copy, to_host
 from mars.runtime.backends import HFBackend, resolve_backend
 from mars.decoding.decoder import DecodeConfig, decode_steps, encode_prompt, generate_ids
@@ -24,13 +23,18 @@ def _ids(lm):
     return [encode_prompt(lm.tokenizer, p) for p in PROMPTS]
 
 
-def _same(lm, batch, kw, other="fast"):
+def _same(lm, batch, kw, other="fast", slm=None):
     kw = dict(dict(max_new_tokens=30, cache_block=8), **kw)
-    a = generate_ids(lm, batch, DecodeConfig(**kw, backend="static"))
+    a = generate_ids(lm, batch, DecodeConfig(**kw, backend="static"), backend=_on(slm) if slm else None)
     b = generate_ids(lm, batch, DecodeConfig(**kw, backend=other))
     assert [r.token_ids for r in a] == [r.token_ids for r in b], kw
     assert [r.passes for r in a] == [r.passes for r in b], kw
     return a
+
+
+def _on(slm):
+    """The decoder's backend: the static path on this StaticLM (a test's own, to count its shapes only)."""
+    return lambda model, cfg, batch, capacity: StaticBackend(model, batch, capacity, slm)
 
 
 def test_buckets_and_capacity():
@@ -146,17 +150,16 @@ def test_runs_alive_at_once_keep_their_own_buffers(tiny_lm):
     assert got == alone
 
 
-def test_bucketing_bounds_the_shapes(monkeypatch, tiny_lm):
+def test_bucketing_bounds_the_shapes(tiny_lm):
     """Every pass of ar, mars, verified (every group) and batches runs at one of a few shapes: few graphs to
     capture, and fewer than dynamo's recompile limit per batch size."""
-    slm = StaticLM(tiny_lm.model)
-    monkeypatch.setattr(static.fast_model(tiny_lm.model), "_static", slm)  # count this test's shapes only
+    slm = StaticLM(tiny_lm.model)  # count this test's shapes only
     ids = _ids(tiny_lm)
     widths = set()
     for kw in CONFIGS:
         for batch in ([ids[0]], ids):
             for recs in decode_steps(tiny_lm, batch, DecodeConfig(**kw, max_new_tokens=30, cache_block=8,
-                                                                    backend="static")):
+                                                                    backend="static"), backend=_on(slm)):
                 widths.update(r.input_len for r in recs)
     decode = slm.shapes  # the prompts are short: their prefill runs at a bucket too
     assert len(widths) > 6  # many distinct pass widths ...
@@ -263,15 +266,14 @@ class _FakeGraphs:
 def test_graph_capture_and_replay_host_logic(monkeypatch, tiny_lm):
     """The CUDA route (one graph per shape, inputs copied into static buffers, replayed) on fake graphs."""
     slm = StaticLM(tiny_lm.model)
-    monkeypatch.setattr(static.fast_model(tiny_lm.model), "_static", slm)
     fake = _FakeGraphs(slm)
     for name, fn in fake.api.items():
         monkeypatch.setattr(torch.cuda, name, fn, raising=False)
     slm.graphs_on = True
     ids = _ids(tiny_lm)
     for kw in (dict(mode="mars", tau=0.5), dict(mode="verified", tau=0.0, drafts="both"), dict(mode="ar")):
-        _same(tiny_lm, ids, kw)
-        _same(tiny_lm, [ids[0]], kw)
+        _same(tiny_lm, ids, kw, slm=slm)
+        _same(tiny_lm, [ids[0]], kw, slm=slm)
     assert 0 < len(fake.captured) == len({(b, w, g) for b, w, g in slm.shapes if w in WIDTHS})  # one capture per shape
 
 

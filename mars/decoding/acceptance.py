@@ -111,6 +111,17 @@ def accept_lengths(conf: torch.Tensor, tau: float, max_per_pass: int | None = No
     return lengths
 
 
+def matched_prefix(drafts, truth) -> int:
+    """How many leading drafts equal the tokens the model itself chose (the lossless rule: the verified
+    prefix); also how many leading tokens two texts share."""
+    n = 0
+    for x, y in zip(drafts, truth):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def accept_length(conf: list[float], tau: float, max_per_pass: int | None = None,
                   repeats: list[bool] | None = None, repeat_tau: float | None = None) -> int:
     """`accept_lengths` for one row whose confidences are already on the host: the same rule, in Python.

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from mars.decoding.acceptance import accept_length, calibrate_logits, choose_and_score, repeat_flags_list, to_host
+from mars.decoding.acceptance import (accept_length, calibrate_logits, choose_and_score, matched_prefix,
+                                      repeat_flags_list, to_host)
 from mars.decoding.lookup import Lookup, lookup_drafts
 from mars.decoding.plan import Outcome, RowPlan
 from mars.decoding.tree import TreeMode, default_tree_groups
@@ -103,9 +104,7 @@ class VerifiedMode:
         drafts = plan.to_verify
         # greedy: the AR model's own choice after each input
         ar_tok, ar_conf = to_host(*choose_and_score(main, "prob", scoring=self.scoring))
-        m = 0
-        while m < len(drafts) and drafts[m] == ar_tok[m]:
-            m += 1
+        m = matched_prefix(drafts, ar_tok)
         if plan.to_verify_conf is not None:
             rejected_conf = plan.to_verify_conf[m:]
         else:  # copied drafts have no confidence of their own: report the verifying model's probability of each
@@ -163,9 +162,7 @@ class JacobiMode:
     def accept(self, row, plan, main, groups, cfg, tau, gen) -> Outcome:
         pred, conf = to_host(*choose_and_score(main, "prob", scoring=self.scoring))
         g = plan.to_verify
-        m = 0
-        while m < len(g) and g[m] == pred[m]:
-            m += 1
+        m = matched_prefix(g, pred)
         row.drafts = pred[m + 1:]  # the unverified predictions are the next guesses
         row.draft_conf = conf[m + 1:]
         return Outcome(pred[: m + 1], conf[: m + 1], g[m:], [], n_verified=m, proposal_logits=main)

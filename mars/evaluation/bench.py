@@ -27,7 +27,6 @@ Every method runs once untimed on the first prompt (warm-up), then timed. Result
 
 from __future__ import annotations
 
-import json
 import platform
 import resource
 import time
@@ -113,18 +112,11 @@ def read_prompts(path: str | Path, with_kinds: bool = False):
 
     Returns the prompts, or (prompts, kinds) with `with_kinds` (kind None where a line has none).
     """
-    out, kinds = [], []
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        if line.startswith("{"):
-            row = json.loads(line)
-            out.append(row["prompt"])
-            kinds.append(row.get("kind"))
-        else:
-            out.append(line)
-            kinds.append(None)
+    from mars.jsonl import read_jsonl
+
+    rows = read_jsonl(path, plain=True)
+    out = [r["prompt"] if isinstance(r, dict) else r for r in rows]
+    kinds = [r.get("kind") if isinstance(r, dict) else None for r in rows]
     return (out, kinds) if with_kinds else out
 
 

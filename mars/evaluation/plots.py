@@ -5,10 +5,10 @@ The app draws its own live charts in `mars.app.viz`; these are for README, model
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from mars.decoding.records import stored
+from mars.jsonl import read_jsonl
 
 
 def _plt():
@@ -79,7 +79,7 @@ def loss_png(log_path, path: str | Path, title: str = "") -> Path:
     logs = [log_path] if isinstance(log_path, (str, Path)) else list(log_path)
     minutes, noisy, clean, starts, offset = [], [], [], [], 0.0
     for log in logs:
-        rows = [json.loads(x) for x in Path(log).read_text().splitlines() if x.strip()]
+        rows = read_jsonl(log)
         starts.append(offset)
         minutes += [offset + r["seconds"] / 60 for r in rows]
         noisy += [r["noisy"] for r in rows]

@@ -14,6 +14,8 @@ from collections import Counter
 import torch
 import torch.nn.functional as F
 
+from mars.decoding.acceptance import matched_prefix
+
 
 def mean_nll(lm, prompt_ids: list[int], token_ids: list[int]) -> float:
     """Mean negative log-likelihood (nats per token) of `token_ids` after `prompt_ids` under the causal model.
@@ -36,25 +38,15 @@ def mean_nll(lm, prompt_ids: list[int], token_ids: list[int]) -> float:
     return float(F.cross_entropy(scoring, targets, reduction="mean"))
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Number of leading tokens two sequences share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def prefix_agreement(reference: list[int], candidate: list[int]) -> float:
     """Length of the common prefix over the longer of the two: 1.0 only for identical sequences."""
     longest = max(len(reference), len(candidate))
-    return common_prefix(reference, candidate) / longest if longest else 1.0
+    return matched_prefix(reference, candidate) / longest if longest else 1.0
 
 
 def prefix_match(reference: list[int], candidate: list[int]) -> float:
     """Fraction of the reference reproduced before the first difference (the bench's prefix_match_with_ar)."""
-    return common_prefix(reference, candidate) / len(reference) if reference else 1.0
+    return matched_prefix(reference, candidate) / len(reference) if reference else 1.0
 
 
 def words(text: str) -> list[str]:

@@ -8,14 +8,13 @@ import warnings
 from pathlib import Path
 
 from mars.decoding.datastore import Datastore
+from mars.jsonl import read_jsonl
 
 DEFAULT_SOURCES = ("data/selfdistill/train.jsonl.gz", "data/selfdistill/magpie.jsonl.gz")
 
 
 def read_store(paths=DEFAULT_SOURCES, root: Path | None = None) -> Datastore:
     """From self-distillation files (JSON lines, gzipped or not, each with `response_ids`)."""
-    from mars.training.data import read_jsonl  # the datasets' one reader (corrupt lines: ValueError)
-
     return Datastore.from_sequences([row["response_ids"] for p in paths for row in read_jsonl(Path(root or ".") / p)])
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from mars.runtime.attention import additive_mask
 from mars.runtime.cpu import bf16_unsupported_reason
-from mars.runtime.linear import Gate, Linear, rms_norm
+from mars.runtime.linear import Gate, Linear
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 LAYOUTS = ("auto", "packed", "linear")
@@ -308,8 +308,8 @@ def _rows_in(rows: torch.Tensor | None, W: int, i0: int, i1: int) -> torch.Tenso
     return (bi[inside] * (i1 - i0) + i[inside] - i0).contiguous()
 
 
-_BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+_BUILT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {key: (fingerprint, built)}
+_LOCK = threading.RLock()  # a build may ask for another (the static path's is built over the fast one)
 
 
 def _fingerprint(model) -> tuple:
@@ -317,15 +317,21 @@ def _fingerprint(model) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def fast_model(model, weight_dtype: torch.dtype | None = None, layout: str = "auto",
-               c_layers: bool | None = None) -> FastLM:
-    """The FastLM of `model`, built once (it copies the matrices) and rebuilt when the weights change."""
-    key = (weight_dtype, layout, id(getattr(model, "_mars_gated", None)), c_layers)
+def built(model, key: tuple, build):
+    """The runtime's one model cache: what `build()` makes for `model` under `key` (its fast path, its static
+    path), made once and made again when the weights change; freed with the model."""
     with _LOCK:
         builds = _BUILT.setdefault(model, {})
         fp = _fingerprint(model)
         for k in [k for k, (f, _) in builds.items() if f != fp]:
             del builds[k]  # built from older weights: free its memory
         if key not in builds:
-            builds[key] = (fp, FastLM(model, weight_dtype, layout, c_layers))
+            builds[key] = (fp, build())
         return builds[key][1]
+
+
+def fast_model(model, weight_dtype: torch.dtype | None = None, layout: str = "auto",
+               c_layers: bool | None = None) -> FastLM:
+    """The FastLM of `model`, built once (it copies the matrices) and rebuilt when the weights change."""
+    key = (weight_dtype, layout, id(getattr(model, "_mars_gated", None)), c_layers)
+    return built(model, key, lambda: FastLM(model, weight_dtype, layout, c_layers))

@@ -36,7 +36,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from mars.runtime.fastpath import fast_model
+from mars.runtime.fastpath import built, fast_model
 from mars.runtime.linear import rms_norm
 from mars.runtime.scoring import C_SCORING
 from mars.runtime.attention import additive_mask
@@ -206,18 +206,10 @@ class StaticLM:
             del self._idle[:-IDLE_STATES]  # the oldest go (and their graphs' memory with them)
 
 
-_LOCK = threading.Lock()
-
-
 def static_model(model) -> StaticLM:
-    """The StaticLM of `model`, built once per FastLM and kept on it: when fast_model rebuilds the FastLM
-    (the weights changed), the old StaticLM and its buffers go with the old FastLM."""
-    fast = fast_model(model)
-    with _LOCK:
-        slm = getattr(fast, "_static", None)
-        if slm is None:
-            slm = fast._static = StaticLM(model)
-        return slm
+    """The StaticLM of `model`, built once beside its fast path (fastpath.built: rebuilt, and the old buffers
+    freed, when the weights change)."""
+    return built(model, ("static", id(getattr(model, "_mars_gated", None))), lambda: StaticLM(model))
 
 
 class StaticBackend:
@@ -227,8 +219,8 @@ class StaticBackend:
 
     scoring = C_SCORING  # on a CPU: one C call per scoring; a GPU's logits fall back to torch ops (on the device)
 
-    def __init__(self, model, batch: int, capacity: int):
-        self.slm = static_model(model)
+    def __init__(self, model, batch: int, capacity: int, slm: StaticLM | None = None):
+        self.slm = slm or static_model(model)  # slm: a StaticLM of the caller's own (a test counting its shapes)
         bb = bucket(batch, BATCHES) or batch
         self.state = self.slm.acquire(bb, round_capacity(capacity))
         self.rows = batch

@@ -7,30 +7,10 @@ as generated: re-tokenizing decoded text can split differently at the prompt/res
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from mars.jsonl import read_jsonl
 from mars.training.objective import Example
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Rows of a JSONL file; a `.gz` file is read compressed (the committed datasets are)."""
-    path = Path(path)
-    if path.suffix == ".gz":
-        import gzip
-
-        text = gzip.decompress(path.read_bytes()).decode("utf-8")
-    else:
-        text = path.read_text()
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not valid JSON ({e.msg})") from e
-    return rows
 
 
 def to_example(record: dict, tokenizer, eos_id: int) -> Example:

@@ -227,7 +227,8 @@ def train(cfg: TrainConfig) -> dict:
 
     select_examples = None
     if cfg.select_data:
-        from mars.training.data import read_jsonl, to_example
+        from mars.jsonl import read_jsonl
+        from mars.training.data import to_example
 
         select_examples = [to_example(r, tok, eos_id) for r in read_jsonl(cfg.select_data)[: cfg.select_limit]]
 
