@@ -1,4 +1,7 @@
-"""Confidence measures and the MARS acceptance rule, as small pure tensor functions."""
+"""Confidence measures and the MARS acceptance rule, as small pure tensor functions.
+
+Where the rule departs from the authors' code (tau compared in float32, tau 1.0 accepting no draft, a NaN
+confidence rejected, entropy as exp(-H), the repeat guard), and why: docs/method.md."""
 
 from __future__ import annotations
 

@@ -126,7 +126,8 @@ def build_batch(
 
     Each sequence is prompt + response, padded with EOS (pad_token_id) to a multiple of B when the
     response finished (those pads are scored, as in the paper: the model learns to stop inside a block).
-    A response cut by `max_length` counts as unfinished: no EOS target after the cut.
+    A response cut by `max_length` counts as unfinished: no EOS target after the cut (the authors pad it with EOS
+    labels; docs/method.md lists this and the other departures).
     `drop_prompt_noisy` starts the noisy copy at the block holding the last prompt token (earlier noisy
     prompt blocks equal the clean copy and carry no target); no response target is lost.
     `skip_last_slot` drops the loss of the last noisy slot of each block, whose target (distance B+1)
