@@ -7,10 +7,11 @@ import functools
 import warnings
 from pathlib import Path
 
+from mars import resources
 from mars.decoding.datastore import Datastore
 from mars.jsonl import read_jsonl
 
-DEFAULT_SOURCES = ("data/selfdistill/train.jsonl.gz", "data/selfdistill/magpie.jsonl.gz")
+DEFAULT_SOURCES = resources.DATASTORE  # relative to the checkout, or to an installed wheel's share folder
 
 
 def read_store(paths=DEFAULT_SOURCES, root: Path | None = None) -> Datastore:
@@ -22,9 +23,9 @@ def read_store(paths=DEFAULT_SOURCES, root: Path | None = None) -> Datastore:
 def shipped_store(paths: tuple[str, ...] = DEFAULT_SOURCES, root: Path | None = None) -> Datastore | None:
     """The table over the shipped self-distillation sets (2.8 M entries, ~45 MB), built once per process (~4 s);
     None (once, with a warning) where its files are missing or corrupt: the tree then drafts from the masks
-    and the text alone."""
+    and the text alone. Without `root`: the checkout or the installed wheel that holds them (mars.resources)."""
     try:
-        return read_store(paths, root or Path(__file__).resolve().parents[2])
+        return read_store(paths, root or resources.find(*paths) or resources.CHECKOUT)
     except (OSError, EOFError, ValueError, KeyError, TypeError) as e:
         warnings.warn(f"datastore drafts off: could not read {', '.join(paths)} ({type(e).__name__}: {e})")
     return None

