@@ -2,21 +2,18 @@
 
 Components and event handlers only. The shared model is `mars.app.serving`, a visitor's state
 `mars.app.session`, the tau sweep `mars.app.sweep`, input checks `mars.app.inputs`, drawing and text
-`mars.app.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT; MARS_MODEL / MARS_ADAPTER
-choose the model, MARS_CONCURRENCY (default 2) how many generations run at once, MARS_THREADS (default:
-every core) torch's threads per pass, MARS_MAX_NEW_TOKENS (default 512) the largest request,
-MARS_MAX_PROMPT_TOKENS (default 1024) the longest prompt, MARS_DEVICE (auto, cpu or cuda; default auto:
-CUDA when present) where the model runs, MARS_CHART_EVERY_S (default 3) how often the charts
-are redrawn while a run streams. Every limit is checked here, on the server, whatever a client sends.
-Who may change the model and what may load (SPACE_ID, MARS_ADMIN_TOKEN, MARS_ALLOWED_MODELS, MARS_MODELS_DIR,
-MARS_PUBLIC, MARS_QUEUE_SIZE): `mars.app.policy`, docs/deploying.md.
+`mars.app.viz`. `python app.py` serves on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT. Its settings (MARS_MODEL,
+MARS_CONCURRENCY, MARS_MAX_NEW_TOKENS, ...) are `mars.settings`, read once at start-up: a bad value stops the
+start with one line per bad variable (`python -m mars settings` lists them all). Every limit is checked here,
+on the server, whatever a client sends. Who may change the model and what may load (SPACE_ID,
+MARS_ADMIN_TOKEN, MARS_ALLOWED_MODELS, MARS_MODELS_DIR, MARS_PUBLIC, MARS_QUEUE_SIZE): `mars.app.policy`,
+docs/deploying.md.
 """
 
 # No `from __future__ import annotations` here: Gradio reads api_generate's return annotation at runtime to
 # declare the endpoint's two outputs (text, trace), and a postponed string annotation hides them.
 import json
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -25,6 +22,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
+from mars import settings
 from mars.app import viz
 from mars.app.policy import Policy, PolicyError
 from mars.app.model_thread import in_own_thread
@@ -471,7 +469,7 @@ class MarsApp:
 
     # -------------------------------------------------------------------------------------- components
     def build(self) -> gr.Blocks:
-        limit = int(os.environ.get("MARS_CONCURRENCY", "2"))
+        limit = settings.get().concurrency
         # delete_cache: Gradio's copies of the download files older than a day go, checked every hour
         with gr.Blocks(title="MARS Playground", analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
             # Gradio deep-copies the value: one fresh Session per visitor; an hour after the visitor has gone,
@@ -680,4 +678,8 @@ def launch(demo: gr.Blocks | None = None, **kwargs):
 
 
 if __name__ == "__main__":
+    try:
+        settings.get()  # a bad variable stops the start here, with its message and no traceback
+    except settings.SettingsError as e:
+        raise SystemExit(f"MARS Playground cannot start:\n{e}") from None
     launch()

@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True,
                    help="folder for the calibrated copy of the adapter (its mars.json gains 'calibration') "
                         "and calibration.json; the source adapter is never changed")
+    sub.add_parser("settings", help="the environment variables the app and the runtime read (mars.settings), "
+                                    "as a Markdown table")
     return ap
 
 
@@ -452,13 +454,20 @@ def _train_autocast(flag: str | None, device: str) -> str | None:
     return "bfloat16" if resolve_device(device) == "cuda" else None
 
 
+def cmd_settings(args) -> int:
+    from mars.settings import markdown_table
+
+    print(markdown_table(), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from mars.models.loading import LoadError
 
     try:
         return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval,
-                "calibrate": cmd_calibrate}[args.command](args)
+                "calibrate": cmd_calibrate, "settings": cmd_settings}[args.command](args)
     except (LoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -27,6 +27,36 @@ def pytest_sessionstart(session):
     torch.set_num_threads(int(os.environ.get("MARS_TEST_THREADS", "1")))
 
 
+@pytest.fixture(autouse=True)
+def fresh_settings():
+    """Settings read from this test's environment (mars.settings), and again after it, so a variable one test
+    sets never reaches the next. A test that sets a variable mid-test calls `settings.reload()` after it."""
+    from mars import settings
+
+    settings.get.cache_clear()
+    yield
+    settings.get.cache_clear()
+
+
+@pytest.fixture
+def env(monkeypatch):
+    """Sets (`env.set(name, value)`) and unsets (`env.unset(name)`) environment variables for one test, as
+    monkeypatch does, and has mars.settings read the environment again on its next `get()`: a bad value
+    raises where the code under test reads it."""
+    from mars import settings
+
+    class Env:
+        def set(self, name: str, value: str):
+            monkeypatch.setenv(name, value)
+            settings.get.cache_clear()
+
+        def unset(self, name: str):
+            monkeypatch.delenv(name, raising=False)
+            settings.get.cache_clear()
+
+    return Env()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def run_files_in_tmp(tmp_path_factory):
     """The app writes each run's downloads under tempfile's folder: keep them in pytest's."""

@@ -112,15 +112,15 @@ def test_charts_follow_the_chart_interval_and_the_text_every_pass(ui, monkeypatc
     assert charts in updates[-1]  # ...until the run ends
 
 
-def test_text_interval_comes_from_mars_text_every_s(monkeypatch):
+def test_text_interval_comes_from_mars_text_every_s(env):
     from mars.app.inputs import text_every_s
 
-    monkeypatch.delenv("MARS_TEXT_EVERY_S", raising=False)
+    env.unset("MARS_TEXT_EVERY_S")
     assert text_every_s() == 0.1
-    monkeypatch.setenv("MARS_TEXT_EVERY_S", "0")
+    env.set("MARS_TEXT_EVERY_S", "0")
     assert text_every_s() == 0.0
     for bad in ("-0.1", "nan", "often"):
-        monkeypatch.setenv("MARS_TEXT_EVERY_S", bad)
+        env.set("MARS_TEXT_EVERY_S", bad)
         with pytest.raises(ValueError, match="MARS_TEXT_EVERY_S"):
             text_every_s()
 
@@ -152,15 +152,15 @@ def test_a_race_runs_mars_and_ar_one_pass_each_in_turn_and_draws_its_charts_once
     assert ui.ui.chart_race in updates[-1]  # drawn once both runs are in
 
 
-def test_chart_interval_comes_from_mars_chart_every_s(monkeypatch):
+def test_chart_interval_comes_from_mars_chart_every_s(env):
     from mars.app.inputs import chart_every_s
 
-    monkeypatch.delenv("MARS_CHART_EVERY_S", raising=False)
+    env.unset("MARS_CHART_EVERY_S")
     assert chart_every_s() == 3.0
-    monkeypatch.setenv("MARS_CHART_EVERY_S", "inf")
+    env.set("MARS_CHART_EVERY_S", "inf")
     assert chart_every_s() == float("inf")
     for bad in ("-1", "nan", "soon"):
-        monkeypatch.setenv("MARS_CHART_EVERY_S", bad)
+        env.set("MARS_CHART_EVERY_S", bad)
         with pytest.raises(ValueError, match="MARS_CHART_EVERY_S"):
             chart_every_s()
 
@@ -352,12 +352,12 @@ def test_loading_another_model_offline_keeps_the_current_one(ui, lm, tmp_path):
     assert lm2 is not None and message.startswith("Loaded")
 
 
-def test_default_provider_reads_the_environment(tmp_path, monkeypatch):
+def test_default_provider_reads_the_environment(tmp_path, env):
     from mars.app.serving import default_provider
 
     folder = save_tiny(tmp_path / "tiny")
-    monkeypatch.setenv("MARS_MODEL", str(folder))
-    monkeypatch.setenv("MARS_ADAPTER", "none")
+    env.set("MARS_MODEL", str(folder))
+    env.set("MARS_ADAPTER", "none")
     loaded = default_provider()()
     assert loaded.name == str(folder) and loaded.mask_token == "<|mask|>"
 
@@ -446,17 +446,17 @@ def test_the_docker_image_build_step_runs_here():
     assert "model ready: smollm2 True" in out.stdout
 
 
-def test_the_tree_slider_starts_at_the_cpu_tree_on_a_cpu_and_at_the_chain_elsewhere(monkeypatch):
+def test_the_tree_slider_starts_at_the_cpu_tree_on_a_cpu_and_at_the_chain_elsewhere(monkeypatch, env):
     """Verified mode's fastest setting measured on two CPU cores is a 4-node tree with one mask group
     (docs/tree.md); a GPU keeps the chain until trees are measured there."""
     import mars.models.device as device
     from mars.app.inputs import app_tree_nodes
     from mars.decoding.tree import DEFAULT_TREE_NODES
 
-    monkeypatch.setenv("MARS_DEVICE", "cpu")
+    env.set("MARS_DEVICE", "cpu")
     assert app_tree_nodes() == DEFAULT_TREE_NODES["cpu"] == 4
     assert app_module.create_demo(lambda: None).mars_app.ui.tree_nodes.value == 4  # the page's slider
     monkeypatch.setattr(device, "env_device", lambda: "cuda")
     assert app_tree_nodes() == 0
     monkeypatch.setattr(device, "env_device", lambda: (_ for _ in ()).throw(device.DeviceError("no GPU")))
-    assert app_tree_nodes() == 0  # a bad MARS_DEVICE is the model load's message, not the page's crash
+    assert app_tree_nodes() == 0  # MARS_DEVICE=cuda without a GPU: the model load's message, not the page's crash

@@ -142,15 +142,15 @@ def test_odd_prompts_are_answered(ui, lm, name):
     assert 'data-state="done"' in updates[-1][ui.ui.stats]
 
 
-def test_prompt_token_cap_is_server_side_and_named(ui, monkeypatch):
-    monkeypatch.setenv("MARS_MAX_PROMPT_TOKENS", "20")
+def test_prompt_token_cap_is_server_side_and_named(ui, env):
+    env.set("MARS_MAX_PROMPT_TOKENS", "20")
     with pytest.raises(gr.Error, match="too long: 35 tokens with the chat template, at most 20"):
         call_api(ui, "the " * 30, 0.9, 4, 10)
     with pytest.raises(gr.Error, match="at most 20"):
         list(run(ui, Session(), prompt="the " * 30))
     with pytest.raises(ValueError, match="limited to 20 tokens"):  # checked before tokenizing: cheap
         check_prompt("x" * 400)
-    monkeypatch.delenv("MARS_MAX_PROMPT_TOKENS")
+    env.unset("MARS_MAX_PROMPT_TOKENS")
     # within the cap but not within the tiny model's context of 512 positions
     with pytest.raises(gr.Error, match="context of 512 tokens"):
         call_api(ui, "the " * 400, 0.9, 4, 128)
@@ -291,16 +291,16 @@ def test_a_failed_load_over_http():
         demo.close()
 
 
-def test_missing_adapter_falls_back_to_the_bare_model_with_a_visible_warning(tmp_path, monkeypatch):
+def test_missing_adapter_falls_back_to_the_bare_model_with_a_visible_warning(tmp_path, env):
     folder = save_tiny(tmp_path / "tiny")
-    monkeypatch.setenv("MARS_MODEL", str(folder))
-    monkeypatch.setenv("MARS_ADAPTER", str(tmp_path / "nowhere"))
+    env.set("MARS_MODEL", str(folder))
+    env.set("MARS_ADAPTER", str(tmp_path / "nowhere"))
     lm = default_provider()()
     assert lm.adapter is None and "MARS_ADAPTER" in lm.warnings[0] and "bare model" in lm.warnings[0]
     ui = app_module.create_demo(lambda: lm).mars_app
     banner = ui.model_info()[0]
     assert "MARS_ADAPTER" in banner and "does not exist" in banner
-    monkeypatch.setenv("MARS_MODEL", str(tmp_path / "no-model"))  # the model itself missing: no fallback
+    env.set("MARS_MODEL", str(tmp_path / "no-model"))  # the model itself missing: no fallback
     with pytest.raises(LoadError, match="does not exist"):
         default_provider()()
 
@@ -476,14 +476,14 @@ def test_passes_run_on_the_holders_thread_count_in_any_worker_thread(monkeypatch
         torch.set_num_threads(before)
 
 
-def test_pass_threads_default_to_every_core_and_honour_mars_threads(monkeypatch):
+def test_pass_threads_default_to_every_core_and_honour_mars_threads(env):
     import os
 
-    monkeypatch.delenv("MARS_THREADS", raising=False)
+    env.unset("MARS_THREADS")
     assert serving.pass_threads() == (os.cpu_count() or 1)
-    monkeypatch.setenv("MARS_THREADS", "3")
+    env.set("MARS_THREADS", "3")
     assert serving.pass_threads() == 3
-    monkeypatch.setenv("MARS_THREADS", "two")
+    env.set("MARS_THREADS", "two")
     with pytest.raises(ValueError, match="MARS_THREADS must be a whole number"):
         serving.pass_threads()
 
@@ -593,11 +593,11 @@ def test_memory_stays_flat_over_50_runs(ui, tmp_path, monkeypatch):
     assert not list(tmp_path.glob("mars-run-*"))
 
 
-def test_the_app_runs_int8_by_default_and_says_so(lm, monkeypatch):
+def test_the_app_runs_int8_by_default_and_says_so(lm, env):
     """The app's default backend is int8 on a CPU (issue 24); MARS_BACKEND chooses another, checked once."""
     from mars.runtime.backends import resolve_backend
 
-    monkeypatch.delenv("MARS_BACKEND", raising=False)
+    env.unset("MARS_BACKEND")
     assert app_backend() == "auto-int8" and resolve_backend(lm.model, app_backend()) == "fast-int8"
     ui = app_module.create_demo(lambda: lm).mars_app
     _, table, *_ = ui.model_info()
@@ -605,14 +605,14 @@ def test_the_app_runs_int8_by_default_and_says_so(lm, monkeypatch):
     session = Session()
     list(run(ui, session, max_new=8, compare=True))
     assert session.mars.config.backend == "fast-int8" and session.ar.config.backend == "fast-int8"
-    monkeypatch.setenv("MARS_BACKEND", "auto")
+    env.set("MARS_BACKEND", "auto")
     assert make_config("mars", 0.9, 4, 8).backend == "auto"
     _, table, *_ = ui.model_info()
     assert "fast: float32" in table
-    monkeypatch.setenv("MARS_BACKEND", "static")  # what `auto` picks on a GPU: the panel names it too
+    env.set("MARS_BACKEND", "static")  # what `auto` picks on a GPU: the panel names it too
     _, table, *_ = ui.model_info()
     assert "static: fixed shapes" in table
-    monkeypatch.setenv("MARS_BACKEND", "turbo")
+    env.set("MARS_BACKEND", "turbo")
     with pytest.raises(ValueError, match="MARS_BACKEND"):
         make_config("mars", 0.9, 4, 8)
 

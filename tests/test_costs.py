@@ -138,15 +138,15 @@ def test_measured_costs_start_at_one_and_never_fall(tiny_lm):
     DecodeConfig(mode="verified", tree_nodes=4, pass_costs=costs, group_cost=measured.group)  # usable as they come
 
 
-def test_the_app_measures_costs_at_warm_up_and_its_trees_use_them(tiny_lm, monkeypatch):
+def test_the_app_measures_costs_at_warm_up_and_its_trees_use_them(tiny_lm, monkeypatch, env):
     from mars.app import inputs
     from mars.app.inputs import app_pass_costs, fit_to_model, make_config
 
     monkeypatch.setattr(tiny_lm, "pass_costs", {})
     monkeypatch.setattr(inputs, "app_tree_nodes", lambda: 4)  # as on a CPU
-    monkeypatch.setenv("MARS_TREE_CUT", "0")
+    env.set("MARS_TREE_CUT", "0")
     assert app_pass_costs(tiny_lm, "fast") is None and tiny_lm.pass_costs == {}
-    monkeypatch.delenv("MARS_TREE_CUT")
+    env.unset("MARS_TREE_CUT")
     calls = []
     measured = PassCosts((1.0, 1.3, 1.6), 0.2)
     monkeypatch.setattr("mars.decoding.costs.measure_pass_costs", lambda lm, b: calls.append(b) or measured)

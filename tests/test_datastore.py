@@ -101,7 +101,7 @@ def test_missing_or_corrupt_files_turn_the_datastore_off_not_the_app(tmp_path):
         assert shipped_store(("absent.jsonl",), tmp_path) is None
 
 
-def test_app_uses_the_datastore_for_the_default_model_only(tiny_lm, monkeypatch):
+def test_app_uses_the_datastore_for_the_default_model_only(tiny_lm, monkeypatch, env):
     from dataclasses import replace
 
     from mars.app.inputs import fit_to_model, make_config
@@ -112,5 +112,5 @@ def test_app_uses_the_datastore_for_the_default_model_only(tiny_lm, monkeypatch)
     monkeypatch.setattr(tiny_lm, "datastore", None)  # the table it is handed is this test's only
     assert fit_to_model(tiny_lm, cfg)[0].datastore is True
     assert fit_to_model(tiny_lm, replace(cfg, tree_nodes=0))[0].datastore is False  # the chain: no tree
-    monkeypatch.setenv("MARS_DATASTORE", "0")
+    env.set("MARS_DATASTORE", "0")
     assert fit_to_model(tiny_lm, cfg)[0].datastore is False

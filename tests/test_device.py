@@ -13,6 +13,7 @@ import torch
 from mars.runtime.backends import FastBackend, HFBackend
 from mars.models.device import DeviceError, default_dtype, env_device, is_oom, resolve_device
 from mars.models.loading import LoadError, load, locate_default_gguf
+from mars.settings import SettingsError
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -36,13 +37,17 @@ def test_auto_is_cuda_only_where_there_is_one_and_the_default_dtype_follows():
         resolve_device("tpu")
 
 
-def test_mars_device_is_read_and_checked(monkeypatch):
-    monkeypatch.setenv("MARS_DEVICE", "cpu")
+def test_mars_device_is_read_and_checked(env):
+    env.set("MARS_DEVICE", "cpu")
     assert env_device() == "cpu"
-    monkeypatch.delenv("MARS_DEVICE")
+    env.unset("MARS_DEVICE")
     assert env_device() == ("cuda" if torch.cuda.is_available() else "cpu")
-    monkeypatch.setenv("MARS_DEVICE", "gpu0")
-    with pytest.raises(DeviceError, match="MARS_DEVICE='gpu0'"):
+    env.set("MARS_DEVICE", "cuda")
+    if not torch.cuda.is_available():  # a device this machine lacks: the model load's message
+        with pytest.raises(DeviceError, match="MARS_DEVICE='cuda': --device cuda: no CUDA GPU"):
+            env_device()
+    env.set("MARS_DEVICE", "gpu0")  # no device at all: the settings' message (mars.settings), at start-up
+    with pytest.raises(SettingsError, match="MARS_DEVICE must be one of auto, cpu, cuda, got 'gpu0'"):
         env_device()
 
 
@@ -111,24 +116,24 @@ def test_describe_names_the_device_and_dtype(tiny_dir):
     assert load(str(tiny_dir), dtype="bfloat16").describe()["dtype"] == "bfloat16"
 
 
-def test_mars_gguf_names_the_default_models_file(monkeypatch, tmp_path):
+def test_mars_gguf_names_the_default_models_file(tmp_path, env):
     wheel = locate_default_gguf()
-    monkeypatch.setenv("MARS_GGUF", str(wheel))
+    env.set("MARS_GGUF", str(wheel))
     assert locate_default_gguf() == wheel
-    monkeypatch.setenv("MARS_GGUF", str(tmp_path / "nothing.gguf"))
+    env.set("MARS_GGUF", str(tmp_path / "nothing.gguf"))
     with pytest.raises(LoadError, match="MARS_GGUF=.*is not a file"):
         locate_default_gguf()
 
 
-def test_app_provider_uses_mars_device_and_shows_it(monkeypatch, tiny_dir):
+def test_app_provider_uses_mars_device_and_shows_it(tiny_dir, env):
     from mars.app.serving import default_provider
 
-    monkeypatch.setenv("MARS_MODEL", str(tiny_dir))
-    monkeypatch.setenv("MARS_ADAPTER", "none")
-    monkeypatch.setenv("MARS_DEVICE", "cpu")
+    env.set("MARS_MODEL", str(tiny_dir))
+    env.set("MARS_ADAPTER", "none")
+    env.set("MARS_DEVICE", "cpu")
     assert default_provider()().describe()["device"] == "cpu"
-    monkeypatch.setenv("MARS_DEVICE", "cuda" if NO_GPU else "tpu")
-    with pytest.raises(DeviceError, match="MARS_DEVICE"):
+    env.set("MARS_DEVICE", "cuda" if NO_GPU else "tpu")
+    with pytest.raises((DeviceError, SettingsError), match="MARS_DEVICE"):
         default_provider()()
 
 

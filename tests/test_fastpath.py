@@ -94,11 +94,11 @@ def test_bf16_weights_are_close_not_exact():
 AVX2_ONLY = {"fpu", "sse4_2", "avx", "avx2", "fma", "f16c", "bmi2"}  # e.g. an AMD EPYC before Zen 4
 
 
-def test_cpu_flags_can_be_forced_for_an_avx2_only_run(monkeypatch):
-    monkeypatch.setenv("MARS_CPU_FLAGS", "avx, avx2 fma")
+def test_cpu_flags_can_be_forced_for_an_avx2_only_run(env):
+    env.set("MARS_CPU_FLAGS", "avx, avx2 fma")
     assert cpu.cpu_flags() == {"avx", "avx2", "fma"}
     assert "AVX2 only" in cpu.bf16_unsupported_reason()
-    monkeypatch.setenv("MARS_CPU_FLAGS", "")
+    env.set("MARS_CPU_FLAGS", "")
     assert cpu.cpu_flags() != {"avx", "avx2", "fma"}  # unset: this machine's own (a real CPU lists far more)
 
 
@@ -109,9 +109,9 @@ def test_bf16_support_follows_the_cpu_flags():
     assert cpu.bf16_unsupported_reason(AVX2_ONLY | {"avx_ne_convert"}) is None
 
 
-def test_fast_bf16_is_refused_on_an_avx2_only_cpu(monkeypatch):
+def test_fast_bf16_is_refused_on_an_avx2_only_cpu(env):
     """The refusal path, exercised on any machine by pretending the CPU has AVX2 only."""
-    monkeypatch.setenv("MARS_CPU_FLAGS", " ".join(sorted(AVX2_ONLY)))
+    env.set("MARS_CPU_FLAGS", " ".join(sorted(AVX2_ONLY)))
     lm = tiny.make_loaded("llama", seed=7, dtype=torch.float32)
     ids = [encode_prompt(lm.tokenizer, PROMPTS[0])]
     with pytest.raises(ValueError, match="use backend 'fast'"):

@@ -96,11 +96,14 @@ def _in(module: str, package: str) -> bool:
 
 
 def test_imports_go_one_way():
-    """runtime <- decoding <- models, training, evaluation, app: the runtime never imports the algorithm; the
-    algorithm asks the runtime only for its backends by name (mars.runtime.backends), never for a kernel."""
+    """settings <- runtime <- decoding <- models, training, evaluation, app: the settings read the environment
+    and import only the names they check; the runtime never imports the algorithm; the algorithm asks the
+    runtime only for its backends by name (mars.runtime.backends), never for a kernel."""
+    assert GRAPH["mars.settings"] <= {"mars.runtime", "mars.runtime.names"}
+    assert GRAPH["mars.runtime.names"] == set()
     for m, deps in GRAPH.items():
         if _in(m, "mars.runtime"):
-            assert not [d for d in deps if not _in(d, "mars.runtime")], m
+            assert not [d for d in deps if not _in(d, "mars.runtime") and d != "mars.settings"], m
         if _in(m, "mars.decoding"):
             outside = [d for d in deps if not _in(d, "mars.decoding")]
             assert set(outside) <= {"mars.runtime", "mars.runtime.backends"}, (m, outside)

@@ -268,7 +268,7 @@ def flood(url, clients: int, max_new: int, deadline_s: float) -> dict:
     (32, 4),
     pytest.param(256, 16, marks=pytest.mark.slow),
 ])
-def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(monkeypatch, clients, queue_size):
+def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(monkeypatch, clients, queue_size, env):
     lm = make_loaded()
     real = serving.stream
 
@@ -278,8 +278,8 @@ def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(m
             yield rec
 
     monkeypatch.setattr(serving, "stream", slow)
-    monkeypatch.setenv("MARS_QUEUE_SIZE", str(queue_size))
-    monkeypatch.setenv("MARS_CONCURRENCY", "2")
+    env.set("MARS_QUEUE_SIZE", str(queue_size))
+    env.set("MARS_CONCURRENCY", "2")
     demo, url = serve(lambda: lm)
     try:
         out = flood(url, clients, max_new=24, deadline_s=300)
@@ -302,7 +302,7 @@ def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(m
         demo.close()
 
 
-def test_a_full_queue_says_busy_try_again_to_clients_and_in_the_page(browser, monkeypatch):
+def test_a_full_queue_says_busy_try_again_to_clients_and_in_the_page(browser, monkeypatch, env):
     """What a refused visitor reads: gradio_client's QueueError and the page's toast both say to try again."""
     from gradio_client.utils import QueueError
 
@@ -316,8 +316,8 @@ def test_a_full_queue_says_busy_try_again_to_clients_and_in_the_page(browser, mo
             yield rec
 
     monkeypatch.setattr(serving, "stream", slow)
-    monkeypatch.setenv("MARS_QUEUE_SIZE", "1")
-    monkeypatch.setenv("MARS_CONCURRENCY", "1")
+    env.set("MARS_QUEUE_SIZE", "1")
+    env.set("MARS_CONCURRENCY", "1")
     demo, url = serve(lambda: lm)
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})

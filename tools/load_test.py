@@ -48,11 +48,13 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def start_server(log_path: Path, wait_s: float) -> tuple[subprocess.Popen, str]:
+    from mars import settings
     from mars.app.serving import free_port
 
     port = free_port()
+    # the server's own settings are this environment's, but one torch thread per pass unless MARS_THREADS says
     env = dict(os.environ, GRADIO_SERVER_NAME="127.0.0.1", GRADIO_SERVER_PORT=str(port),
-               GRADIO_ANALYTICS_ENABLED="False", MARS_THREADS=os.environ.get("MARS_THREADS", "1"))
+               GRADIO_ANALYTICS_ENABLED="False", MARS_THREADS=str(settings.get().threads or 1))
     log = log_path.open("wb")
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
@@ -172,10 +174,12 @@ def main(argv=None) -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    report |= {"model": os.environ.get("MARS_MODEL") or "default (smollm2)", "clients": args.clients,
+    from mars import settings
+
+    report |= {"model": settings.get().model or "default (smollm2)", "clients": args.clients,
                "max_new_tokens": args.max_new_tokens, "tau": args.tau, "block_size": args.block_size,
                "warm_up_s": warm, "server_rss_before_mb": before, "server_rss_after_mb": after,
-               "concurrency_limit": int(os.environ.get("MARS_CONCURRENCY", "2")) if proc else None}
+               "concurrency_limit": settings.get().concurrency if proc else None}
 
     def fmt(v, unit=""):
         return "n/a" if v is None else (f"{v:.2f}{unit}" if isinstance(v, float) else f"{v}{unit}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -39,8 +38,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    torch.set_num_threads(int(os.environ.get("MARS_THREADS", "1")))
     import app
+    from mars import settings
+
+    torch.set_num_threads(settings.get().threads or 1)  # one thread unless MARS_THREADS says otherwise
     from mars.app.session import Session
 
     prompts = [e["prompt"] for e in json.loads((ROOT / "assets" / "examples.json").read_text())]

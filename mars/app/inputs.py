@@ -8,8 +8,8 @@ adds only the server's lower caps (MAX_BLOCK, MARS_MAX_NEW_TOKENS, MARS_MAX_PROM
 from __future__ import annotations
 
 import logging
-import os
 
+from mars import settings
 from mars.decoding.decoder import DEFAULT_CACHE_BLOCK, DecodeConfig, check_choice, check_context, check_int, encode_prompt
 
 MAX_BLOCK = 16  # the block-size slider's cap on this server, below the library's MAX_BLOCK_SIZE (CPU time)
@@ -54,7 +54,7 @@ def app_datastore(lm) -> bool:
     from mars.models.datastore import shipped_store
     from mars.models.loading import DEFAULT_MODEL
 
-    if lm.name != DEFAULT_MODEL or os.environ.get("MARS_DATASTORE", "1") == "0":
+    if lm.name != DEFAULT_MODEL or not settings.get().datastore:
         return False
     if lm.datastore is None:
         lm.datastore = shipped_store()  # missing or corrupt files: None, with one warning
@@ -65,7 +65,7 @@ def app_pass_costs(lm, backend: str):
     """This machine's pass costs (mars.decoding.costs.PassCosts) for `lm` on `backend`, measured once (~0.8 s, on the
     caller's thread: the app's model thread) and kept on the model; None where the app sends no tree (a GPU, a
     model without a mask token) or MARS_TREE_CUT=0 (every tree sends its N nodes and its mask group)."""
-    if os.environ.get("MARS_TREE_CUT", "1") == "0" or lm.mask_token_id is None or not app_tree_nodes() \
+    if not settings.get().tree_cut or lm.mask_token_id is None or not app_tree_nodes() \
             or not isinstance(getattr(lm, "pass_costs", None), dict):
         return None
     if backend not in lm.pass_costs:
@@ -89,12 +89,12 @@ def app_tree_nodes() -> int:
 
     try:
         return DEFAULT_TREE_NODES["cpu"] if env_device() == "cpu" else 0
-    except DeviceError:  # the model load says what is wrong with MARS_DEVICE; the page still builds
+    except DeviceError:  # MARS_DEVICE=cuda without a GPU: the model load says so; the page still builds
         return 0
 
 
 def max_new_tokens_limit() -> int:
-    return int(os.environ.get("MARS_MAX_NEW_TOKENS", "512"))
+    return settings.get().max_new_tokens
 
 
 def chart_every_s() -> float:
@@ -103,7 +103,7 @@ def chart_every_s() -> float:
     work that falls during the next passes. At 1 s, five 128-token races on 2 cores took ~20% longer than at
     3 s, where a typical run (1.5-2.5 s here) gets its charts once, at the end (tools/race.py --chart-every
     1.0 3.0, docs/int8.md); a long run still sees them grow."""
-    return _seconds("MARS_CHART_EVERY_S", 3.0)
+    return settings.get().chart_every_s
 
 
 def text_every_s() -> float:
@@ -113,18 +113,7 @@ def text_every_s() -> float:
     server and the browser time of their own. Measured with a headless Chromium on the server's two cores
     (tools/race.py): drawing every pass took ~60% of a core and MARS passes ran at 26-29 ms (10 ms alone);
     every 0.05 s 20-30 ms, every 0.1 s 15-16 ms. 10 updates a second still read as a stream."""
-    return _seconds("MARS_TEXT_EVERY_S", 0.1)
-
-
-def _seconds(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip() or str(default)
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds (or inf), got {raw!r}") from None
-    if not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {raw!r}")
-    return value
+    return settings.get().text_every_s
 
 
 def app_backend() -> str:
@@ -132,9 +121,7 @@ def app_backend() -> str:
     "auto-int8": int8 matrices where the fast path runs on a CPU (issue 24: a quarter of float32's bytes per
     pass, its greedy text's NLL within 3% of float32's on the held-out prompts), transformers elsewhere. The
     lossless modes then give exactly the int8 model's greedy text; MARS_BACKEND=auto keeps float32."""
-    from mars.runtime.backends import BACKENDS
-
-    return check_choice("MARS_BACKEND", os.environ.get("MARS_BACKEND", "").strip() or "auto-int8", BACKENDS)
+    return settings.get().backend
 
 
 BACKEND_LABELS = {  # the Model panel's words for what runs the model
@@ -156,7 +143,7 @@ def backend_label(lm) -> str:
 
 def max_prompt_tokens() -> int:
     """Server-side cap on a prompt's tokens (chat template included), whatever a client sends."""
-    return int(os.environ.get("MARS_MAX_PROMPT_TOKENS", "1024"))
+    return settings.get().max_prompt_tokens
 
 
 def max_prompt_chars() -> int:

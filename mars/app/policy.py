@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
+from mars import settings
 from mars.models.hub import PAPER_CHECKPOINTS
 from mars.models.loading import DEFAULT_MODEL
 
@@ -88,31 +89,22 @@ class Policy:
         if self.models_dir is not None and not self.models_dir.is_dir():
             raise ValueError(f"MARS_MODELS_DIR={str(self.models_dir)!r} is not a folder")
         if not isinstance(self.queue_size, int) or isinstance(self.queue_size, bool) or self.queue_size < 1:
-            raise ValueError(f"MARS_QUEUE_SIZE must be a whole number >= 1, got {self.queue_size!r}")
+            raise ValueError(f"MARS_QUEUE_SIZE must be a whole number of 1 or more, got {self.queue_size!r}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> "Policy":
-        """The policy of a server started with `env` (default os.environ); `overrides` replace fields."""
-        env = os.environ if env is None else env
-
-        def get(key):
-            return (env.get(key) or "").strip() or None
-
-        allowed = get("MARS_ALLOWED_MODELS")
-        queue = get("MARS_QUEUE_SIZE") or "64"
-        try:
-            queue_size = int(queue)
-        except ValueError:
-            raise ValueError(f"MARS_QUEUE_SIZE must be a whole number >= 1, got {queue!r}") from None
+        """The policy of a server started with `env` (default: this process's settings, mars.settings);
+        `overrides` replace fields."""
+        s = settings.get() if env is None else settings.Settings.from_env(env)
         values = dict(
-            space_id=get("SPACE_ID"),
-            hosts=(get("GRADIO_SERVER_NAME") or "127.0.0.1",),
-            share=(get("GRADIO_SHARE") or "").lower() == "true",
-            forced_public=(get("MARS_PUBLIC") or "").lower() in ("1", "true", "yes"),
-            admin_token=get("MARS_ADMIN_TOKEN"),
-            allowed_models=tuple(n.strip() for n in allowed.split(",") if n.strip()) if allowed else DEFAULT_ALLOWED,
-            models_dir=Path(get("MARS_MODELS_DIR")) if get("MARS_MODELS_DIR") else None,
-            queue_size=queue_size,
+            space_id=s.space_id,
+            hosts=(s.gradio_server_name,),
+            share=s.gradio_share,
+            forced_public=s.public,
+            admin_token=s.admin_token,
+            allowed_models=s.allowed_models or DEFAULT_ALLOWED,
+            models_dir=s.models_dir,
+            queue_size=s.queue_size,
         )
         return cls(**(values | overrides))
 

@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from mars import settings
 from mars.app.inputs import app_backend, app_datastore, app_pass_costs, sanitize_text
 from mars.app import model_thread
 from mars.runtime.backends import resolve_backend
@@ -32,16 +33,8 @@ LOG = logging.getLogger("mars.app")
 
 
 def pass_threads() -> int:
-    """Torch threads for each pass: MARS_THREADS when set (> 0), else every core of the machine."""
-    raw = os.environ.get("MARS_THREADS", "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"MARS_THREADS must be a whole number, got {raw!r}") from None
-        if n > 0:
-            return n
-    return os.cpu_count() or 1
+    """Torch threads for each pass: MARS_THREADS when set, else every core of the machine."""
+    return settings.get().threads or os.cpu_count() or 1
 
 
 def default_provider() -> Callable[[], object]:
@@ -56,7 +49,7 @@ def default_provider() -> Callable[[], object]:
         from mars.models.device import env_device
         from mars.models.loading import AdapterError, load
 
-        model, adapter = os.environ.get("MARS_MODEL") or None, os.environ.get("MARS_ADAPTER") or "auto"
+        model, adapter = settings.get().model, settings.get().adapter
         device = env_device()
         try:
             return load(model, adapter, device=device)

@@ -108,7 +108,8 @@ def make_batch_runner(get_lm: Callable[[], object], pass_slot=None, check_prompt
         skip = gr.update()
         last_chart, state, comp = 0.0, None, None
         try:
-            for state in run_batch(lm, prompts, ids, cfg, control, pass_slot, pass_slot.holder.backend):
+            backend = getattr(getattr(pass_slot, "holder", None), "backend", None)  # the app's, else by name
+            for state in run_batch(lm, prompts, ids, cfg, control, pass_slot, backend):
                 chart = skip
                 if state.done or time.perf_counter() - last_chart > CHART_EVERY_S:
                     chart, last_chart = batch_viz.make_batch_timeline_figure(state, axis), time.perf_counter()

@@ -10,12 +10,10 @@ one line); running out of GPU memory is turned into one message by `oom_message`
 
 from __future__ import annotations
 
-import os
-
+from mars import settings
 from mars.models.errors import LoadError
+from mars.runtime.names import DEVICES
 
-DEVICES = ("auto", "cpu", "cuda")
-DEVICE_ENV = "MARS_DEVICE"  # the app's device (the CLI's --device)
 
 
 class DeviceError(LoadError):
@@ -49,12 +47,12 @@ def default_dtype(device: str) -> str:
 
 
 def env_device() -> str:
-    """MARS_DEVICE for the app, resolved (default auto)."""
-    raw = os.environ.get(DEVICE_ENV, "").strip() or "auto"
+    """MARS_DEVICE for the app (mars.settings: auto, cpu or cuda), resolved on this machine."""
+    name = settings.get().device
     try:
-        return resolve_device(raw)
+        return resolve_device(name)
     except DeviceError as e:
-        raise DeviceError(f"{DEVICE_ENV}={raw!r}: {e}") from None
+        raise DeviceError(f"MARS_DEVICE={name!r}: {e}") from None
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mars import resources
+from mars import resources, settings
 from mars.models.errors import AdapterError, LoadError
 
 DEFAULT_MODEL = "smollm2"
@@ -99,11 +99,11 @@ def locate_default_gguf() -> Path:
     found without importing the package (its `__init__` imports heavy optional dependencies, so only the
     import machinery's spec is used).
     """
-    named = os.environ.get(GGUF_ENV, "").strip()
-    if named:
-        path = Path(named).expanduser()
+    named = settings.get().gguf
+    if named is not None:
+        path = named.expanduser()
         if not path.is_file():
-            raise LoadError(f"{GGUF_ENV}={named!r} is not a file (it should name {DEFAULT_GGUF})")
+            raise LoadError(f"{GGUF_ENV}={str(named)!r} is not a file (it should name {DEFAULT_GGUF})")
         return path
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -195,7 +195,7 @@ def _read_calibration(meta: dict, warnings: list[str]) -> dict | None:
 
 
 def _default_cache_dir(gguf: Path, torch_dtype) -> Path:
-    root = Path(os.environ.get("MARS_CACHE", Path.home() / ".cache" / "mars-playground"))
+    root = settings.get().cache
     stat = gguf.stat()
     return root / f"smollm2-135m-instruct-{str(torch_dtype).replace('torch.', '')}-{stat.st_size}-{int(stat.st_mtime)}"
 
@@ -252,7 +252,7 @@ def hub_offline() -> bool:
 
     Checked once per load, so an unreachable Hub costs seconds, not a minute of retries.
     """
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+    if settings.get().hf_hub_offline:
         return True
     import socket
 

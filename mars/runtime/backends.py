@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 
 from mars.runtime.attention import additive_mask
+from mars.runtime.names import BACKENDS
 from mars.runtime.scoring import C_SCORING
 
-BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8", "static")
 WEIGHT_DTYPES = {"fast-bf16": torch.bfloat16, "fast-int8": torch.int8}  # fast backends with other matrices
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from mars import settings
 
 
 # oneDNN's own test before any bfloat16 matmul (mkldnn_bf16_device_check): one of these sets of CPU flags
@@ -16,7 +16,7 @@ def cpu_flags() -> set[str] | None:
 
     `MARS_CPU_FLAGS` (space- or comma-separated) overrides them: with `ONEDNN_MAX_CPU_ISA=AVX2` it runs the whole
     test suite as an AVX2-only machine (an AMD EPYC, say) would, on a CPU that has more (README)."""
-    forced = os.environ.get("MARS_CPU_FLAGS", "").replace(",", " ").split()
+    forced = settings.get().cpu_flags
     if forced:
         return set(forced)
     try:

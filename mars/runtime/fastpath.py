@@ -30,13 +30,13 @@ masks and rejected drafts are simply overwritten by the next pass) and `select(r
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
 import torch
 import torch.nn.functional as F
 
+from mars import settings
 from mars.runtime.attention import additive_mask
 from mars.runtime.cpu import bf16_unsupported_reason
 from mars.runtime.linear import Gate, Linear
@@ -179,7 +179,7 @@ class FastLM:
         # on unless MARS_C_LAYERS=0; False: the per-layer tensor ops (SDPA), as benchmarks compare them
         self.c_layers = None
         if c_layers is None:
-            c_layers = os.environ.get("MARS_C_LAYERS", "1") != "0"
+            c_layers = settings.get().c_layers
         if self.weight_dtype == torch.int8 and c_layers:
             from mars.runtime.cpu_layers import CLayers
 

@@ -29,13 +29,13 @@ capture; it needs a working triton on the device and is off by default.
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
 import torch
 import torch.nn.functional as F
 
+from mars import settings
 from mars.runtime.fastpath import built, fast_model
 from mars.runtime.linear import rms_norm
 from mars.runtime.scoring import C_SCORING
@@ -48,7 +48,6 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 BATCHES = (1, 2, 4, 8, 16, 32, 64)  # a run's batch is padded to one of these (finished rows keep their slot)
 MIN_CAPACITY = 256  # cache columns are rounded up to a power of two >= this, so runs of similar length share buffers
 IDLE_STATES = 4  # static buffers (and their graphs) kept for the next run of the same shape
-COMPILE_ENV = "MARS_STATIC_COMPILE"
 
 
 def bucket(n: int, sizes: tuple[int, ...]) -> int | None:
@@ -129,7 +128,7 @@ class StaticLM:
         self.max_positions = limit
         self.mask_token_id = f.gated.mask_token_id if f.gated is not None else None
         if compile_step is None:
-            compile_step = os.environ.get(COMPILE_ENV, "0") == "1"
+            compile_step = settings.get().static_compile  # MARS_STATIC_COMPILE
         self._step = self.step
         if compile_step:
             # one compiled function serves every (batch, width, gated) shape: raise dynamo's recompile limit

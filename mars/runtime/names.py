@@ -1,0 +1,7 @@
+"""The names a user may pick for what runs the model and where, with nothing imported: the settings check
+them (mars.settings), the backends and the device setting act on them."""
+
+# what runs the model (mars.runtime.backends says what each one is)
+BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8", "static")
+# where it runs (mars.models.device): auto is CUDA when present
+DEVICES = ("auto", "cpu", "cuda")
