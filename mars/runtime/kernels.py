@@ -149,6 +149,8 @@ def build(sources: Path = CSRC, out_dir: Path | None = None, extra_flags: Sequen
         why = _compile(cc, flags, sources, lib)
         if not why:
             return load(lib, header)
+        if "omp" not in why.lower():
+            break  # an error in the sources: the same without OpenMP
     return Build(None, why)
 
 
@@ -229,7 +231,7 @@ def check_tensor(name: str, t, dtype: torch.dtype, shape: tuple, rows: bool = Fa
     if t.device.type != "cpu":
         raise ValueError(f"{name} must be on the CPU, got {t.device}")
     if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
-        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
         raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
     if rows:
         if t.dim() != 2 or t.stride(1) != 1 or (t.shape[0] > 1 and t.stride(0) < t.shape[1]):
