@@ -1,6 +1,6 @@
 """The int8 C kernels of two commits, side by side in one process, on the real pass of the default model.
 
-Builds mars.runtime.kernels' C source as it is at each git revision (plus optional -D flags), loads each
+Builds the kernels' C sources (mars/runtime/csrc/) as they are at each git revision (plus optional -D flags), loads each
 library, and times the default model's (or --model's) int8 pass (the C layer loop and the LM head) with each in turn, width
 by width and round by round, so that a change in the machine's load falls on all. Inputs after the first are
 the mask token (the gated adapter's rows), or real tokens with `--bare`. Prints the median ms per pass and its
@@ -23,50 +23,47 @@ import statistics
 import subprocess
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
+CSRC = "mars/runtime/csrc"  # the kernels' sources, relative to the repository root
 STAGES = ("norm1", "qkv", "attention", "quant o", "o", "norm2", "gate_up", "silu", "down",  # mars_layers' steps
           "(A wait)", "(products)", "(lora B)", "(lora A)")  # inside the products (AMX), thread 0: part of the steps above
 
 
-def source_at(rev: str) -> str:
-    """cpu_kernels.SOURCE (with the layer loop's) as of git revision `rev`."""
-    def show(path):
-        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout
+def source_at(rev: str, folder: Path) -> Path:
+    """The C sources (mars/runtime/csrc/) as of git revision `rev`, written into `folder`; returns it. Revisions
+    before the sources were files (the C in Python strings) are refused."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
-    layers = types.ModuleType("layers_c_at")
-    exec(compile(show("mars/runtime/layers_c.py"), "layers_c_at", "exec"), layers.__dict__)
-    text = show("mars/runtime/kernels.py").replace("from mars.runtime.layers_c import SOURCE as LAYERS_SOURCE",
-                                                    "LAYERS_SOURCE = _LAYERS")
-    mod = types.ModuleType("cpu_kernels_at")
-    mod.__dict__["_LAYERS"] = layers.SOURCE
-    exec(compile(text, "cpu_kernels_at", "exec"), mod.__dict__)
-    return mod.SOURCE
+    listed = git("ls-tree", "--name-only", f"{rev}:{CSRC}")
+    if listed.returncode != 0 or "mars_kernels.h" not in listed.stdout.split():
+        raise SystemExit(f"{rev}: no {CSRC}/mars_kernels.h at this revision (before the C became files in "
+                         f"{CSRC}/, or not a revision): kernel_ab builds revisions from then on")
+    folder.mkdir(parents=True)
+    for name in listed.stdout.split():
+        shown = git("show", f"{rev}:{CSRC}/{name}")
+        if shown.returncode != 0:
+            raise SystemExit(f"{rev}: git show {CSRC}/{name} failed: {shown.stderr.strip()}")
+        (folder / name).write_text(shown.stdout)
+    return folder
 
 
 def build(variant: str, folder: Path, i: int):
-    """'REV' or 'REV:-DFLAG -DOTHER' -> the loaded library."""
+    """'REV' or 'REV:-DFLAG -DOTHER' -> the loaded library, built with the kernels' own build (flags, cache key)
+    and declared from the header of the same revision."""
     import mars.runtime.kernels as ck
+    from mars.runtime.c_header import parse
 
     rev, _, flags = variant.partition(":")
-    src, lib = folder / f"v{i}.c", folder / f"v{i}.so"
-    src.write_text(source_at(rev))
-    # built here with the kernels' flags; cpu_kernels' own loader then finds the library and declares its functions
-    done = subprocess.run(["cc", *ck.compile_flags(), "-fopenmp", *flags.split(), str(src), "-o", str(lib), "-lm"],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"{variant}: cc failed: {done.stderr.strip()[-300:]}")
-    so, why = ck._compile("cc", [], lib)
-    if so is None:
-        raise SystemExit(f"{variant}: {why}")
-    if hasattr(so, "mars_stages"):  # revisions before the stage timers lack it
-        so.mars_stages.argtypes, so.mars_stages.restype = [ctypes.c_void_p], ctypes.c_int
-    return so
+    src = source_at(rev, folder / f"v{i}")
+    got = ck.build(src, out_dir=src, extra_flags=flags.split(), header=parse((src / "mars_kernels.h").read_text()))
+    if got.lib is None:
+        raise SystemExit(f"{variant}: {got.why}")
+    return got.lib
 
 
 def main(argv=None) -> int:

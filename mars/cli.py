@@ -330,6 +330,7 @@ def cmd_bench(args) -> int:
                       cache_block=args.cache_block, max_new_tokens=args.max_new_tokens, backend=args.backend,
                       tree_nodes=tuple(args.tree_nodes), also_backends=tuple(args.also_backends), **_repeat_tau(args))
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
+    say_int8_fallback(lm.model, args.backend, *args.also_backends)
     bar = tqdm(desc="bench", unit="batch")
     status: dict = {}
     runs = run_bench(lm, cfg, progress=lambda *a: bar.update(1), status=status)
@@ -371,6 +372,7 @@ def cmd_generate(args) -> int:
     lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
     for w in lm.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    say_int8_fallback(lm.model, args.backend)
     block = args.block_size or lm.default_block_size
     cfg = DecodeConfig(
         mode=args.mode, block_size=block, confidence=args.confidence,
@@ -409,6 +411,27 @@ def cmd_generate(args) -> int:
                 file=sys.stderr,
             )
     return 0
+
+
+def say_int8_fallback(model, *backends: str) -> None:
+    """One line on stderr where a run's int8 matrices will not run on the C kernels (no compiler, a failed
+    build, MARS_C_KERNELS=0): the same text, about 2x slower. The build happens here, its own warning held back
+    so that the line below is the only one."""
+    import warnings
+
+    from mars.runtime import kernels
+    from mars.runtime.backends import resolve_backend
+
+    try:
+        if not any(resolve_backend(model, b) == "fast-int8" for b in backends):
+            return
+    except ValueError:
+        return  # a backend that cannot run this model: the run itself says so
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        status = kernels.status()
+    if status.startswith("tensor fallback"):
+        print(f"int8: {status}; about 2x slower than the C kernels", file=sys.stderr)
 
 
 def tree_nodes_arg(value: str, model, mode: str) -> int:

@@ -18,6 +18,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: needs minutes of CPU; deselected by pytest.ini, run with -m slow")
+    config.addinivalue_line("markers", "needs_c: needs the C kernels: skips where they are not expected (no C "
+                                       "compiler, MARS_C_KERNELS=0), fails where a compiler exists and the build failed")
+
+
+def pytest_runtest_setup(item):
+    """The `needs_c` gate (lesson 15): a broken C build fails these tests with the compiler's message instead of
+    turning them into skips."""
+    if item.get_closest_marker("needs_c") is None:
+        return
+    from mars.runtime import kernels
+
+    why = kernels.skip_reason()
+    if why:
+        pytest.skip(f"no C kernels here: {why}")
+    if kernels.kernels() is None:
+        pytest.fail(f"a C compiler is here but the kernels did not build: {kernels.unavailable_reason()}",
+                    pytrace=False)
 
 
 def pytest_sessionstart(session):

@@ -103,11 +103,12 @@ def test_verified_blocks(tiny_dir):
         assert float(r[0]) >= 1.0 and float(r[1]) >= 1.0 and float(r[3]) > 0  # tokens and inputs a pass, tok/s
 
 
-def test_kernel_ab(tiny_dir):
-    from mars.runtime.kernels import unavailable_reason
-
-    if unavailable_reason():
-        pytest.skip(unavailable_reason())
+@pytest.mark.needs_c
+def test_kernel_ab(tiny_dir, tmp_path, load_script):
+    root = subprocess.run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.split()[0]
+    with pytest.raises(SystemExit, match="no mars/runtime/csrc/mars_kernels.h at this revision"):
+        load_script("kernel_ab").source_at(root, tmp_path / "old")  # the C was Python strings then
     text = bench("kernel_ab", "HEAD", "--model", tiny_dir, "--stages", "--widths", 1, 2, "--rounds", 2,
                  "--prompt-len", 16, "--threads", 1)
     head = next(ln for ln in text.splitlines() if ln.startswith("HEAD:"))

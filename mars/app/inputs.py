@@ -134,10 +134,15 @@ BACKEND_LABELS = {  # the Model panel's words for what runs the model
 
 
 def backend_label(lm) -> str:
-    """The backend every visitor's runs use on this model, in words (Model panel)."""
+    """The backend every visitor's runs use on this model, in words (Model panel); for int8, what its matrices
+    run on: 'C kernels, AVX2' (AVX-512 VNNI, AMX) or 'tensor fallback: <why>' (mars.runtime.kernels.status)."""
     from mars.runtime.backends import resolve_backend
 
     name = resolve_backend(lm.model, app_backend())
+    if name == "fast-int8":
+        from mars.runtime.kernels import status
+
+        return f"{name}: {BACKEND_LABELS[name]}. int8 runs on {status()}"
     return f"{name}: {BACKEND_LABELS[name]}"
 
 

@@ -1,4 +1,4 @@
-"""The int8 fast path's attention and whole-pass layer loop in C (source: mars.runtime.layers_c).
+"""The int8 fast path's attention and whole-pass layer loop in C (mars/runtime/csrc/layers.c).
 
     CLayers.of(lm)            -> CLayers, or None where a layer cannot run in C (not int8 on the C kernels,
                                  float32 rows; or gated deltas the C kernels do not take)
@@ -15,7 +15,9 @@ import ctypes
 
 import torch
 
-from mars.runtime.kernels import MAX_C_ROWS, kernels
+from mars.runtime.kernels import HEADER, MAX_C_ROWS, MAX_HEAD_DIM, check_tensor, check_row_indices, kernels
+
+LinC, LayerC = HEADER.structs["lin_c"], HEADER.structs["layer_c"]  # as mars_kernels.h lays them out
 
 
 def attend(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int,
@@ -27,17 +29,12 @@ def attend(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torc
     capacity, hd) contiguous, the layer's cache: the window's rotated keys and values go to columns [C, C + W);
     allowed uint8 (b, W, C + W). Returns the attention (b, W, H hd).
     """
+    check_tensor("qkv", qkv, torch.float32, (None, None, None))
     b, W = qkv.shape[:2]
-    hd = k.shape[-1]
-    if not (qkv.is_contiguous() and k.is_contiguous() and v.is_contiguous() and allowed.is_contiguous()
-            and cos.is_contiguous() and sin.is_contiguous()):
-        raise ValueError("attend takes contiguous tensors")
-    if qkv.shape[2] != (n_heads + 2 * n_kv) * hd or k.shape[:3] != (b, n_kv, k.shape[2]) or C + W > k.shape[2]:
-        raise ValueError(f"attend: qkv {tuple(qkv.shape)} and cache {tuple(k.shape)} do not fit C = {C}")
-    if allowed.shape != (b, W, C + W) or allowed.dtype != torch.uint8 or cos.shape != (b * W, hd):
-        raise ValueError("attend: allowed must be uint8 (b, W, C + W) and cos, sin (b W, hd)")
-    if hd > 512 or hd % 2 or n_heads % n_kv:
-        raise ValueError(f"attend: head size {hd} (even, at most 512), {n_heads} heads over {n_kv}")
+    check_tensor("k", k, torch.float32, (b, n_kv, None, None))
+    cap, hd = k.shape[2:]
+    check_tensor("v", v, torch.float32, (b, n_kv, cap, hd))
+    _check_attention(qkv, cos, sin, allowed, b, W, C, cap, hd, n_heads, n_kv)
     out = torch.empty(b, W, n_heads * hd)
     rc = lib.mars_attend(qkv.data_ptr(), b, W, n_heads, n_kv, hd, cos.data_ptr(), sin.data_ptr(), k.data_ptr(),
                          v.data_ptr(), k.shape[2], C, allowed.data_ptr(), out.data_ptr())
@@ -46,24 +43,28 @@ def attend(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torc
     return out
 
 
-class _LinC(ctypes.Structure):
-    _fields_ = [("w", ctypes.c_void_p), ("wsum", ctypes.c_void_p), ("m", ctypes.c_int64), ("kp", ctypes.c_int64),
-                ("sw", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("lw", ctypes.c_void_p)]
+def _check_attention(qkv, cos, sin, allowed, b: int, W: int, C: int, cap: int, hd: int, n_heads: int, n_kv: int):
+    """What mars_attend reads and writes, checked before the call (a wrong size writes past a tensor); qkv None:
+    made inside the C call (the layer loop)."""
+    if qkv is not None:
+        check_tensor("qkv", qkv, torch.float32, (b, W, (n_heads + 2 * n_kv) * hd))
+    check_tensor("cos", cos, torch.float32, (b * W, hd))
+    check_tensor("sin", sin, torch.float32, (b * W, hd))
+    check_tensor("allowed", allowed, torch.uint8, (b, W, C + W))
+    if C < 0 or C + W > cap:
+        raise ValueError(f"attend: {W} rows after {C} cached ones do not fit the cache's {cap} columns")
+    if hd > MAX_HEAD_DIM or hd % 2 or n_kv < 1 or n_heads % n_kv:
+        raise ValueError(f"attend: head size {hd} (even, at most {MAX_HEAD_DIM}), {n_heads} heads over {n_kv}")
 
 
-class _LayerC(ctypes.Structure):
-    _fields_ = [("ln1", ctypes.c_void_p), ("ln2", ctypes.c_void_p), ("eps1", ctypes.c_float), ("eps2", ctypes.c_float),
-                ("qkv", _LinC), ("o", _LinC), ("gu", _LinC), ("down", _LinC)]
-
-
-def _lin(M) -> _LinC | None:
+def _lin(M) -> LinC | None:
     """The C view of an Int8Linear, or None where the layer loop cannot run it."""
     if getattr(M, "_lib", None) is None or not hasattr(M, "wblocked"):
         return None
     if M.lora is not None and M.lora_c is None:
         return None  # deltas kept as float tensor ops (not exactly float16): the Python path adds them
     lw = None if M.lora_c is None else ctypes.addressof(M.lora_c.c)
-    return _LinC(M.wblocked.data_ptr(), M.wsum.data_ptr(), M.out_features, M.kp, M.scale32.data_ptr(),
+    return LinC(M.wblocked.data_ptr(), M.wsum.data_ptr(), M.out_features, M.kp, M.scale32.data_ptr(),
                  None if M.bias32 is None else M.bias32.data_ptr(), lw)
 
 
@@ -83,9 +84,9 @@ class CLayers:
         lib = kernels()
         if lib is None or lm.dtype != torch.float32 or lm.embed.device.type != "cpu":
             return None
-        if lm.head_dim > 512 or lm.head_dim % 2 or lm.n_heads % lm.n_kv:
+        if lm.head_dim > MAX_HEAD_DIM or lm.head_dim % 2 or lm.n_heads % lm.n_kv:
             return None  # mars_attend's limits (its rotary's buffer, whole query groups)
-        structs = (_LayerC * len(lm.layers))()
+        structs = (LayerC * len(lm.layers))()
         keep = []  # tensors the structs point into
         for s, L in zip(structs, lm.layers):
             lins = [_lin(M) for M in (L.qkv, L.o, L.gate_up, L.down)]
@@ -109,13 +110,17 @@ class CLayers:
         """Every layer on x (b, W, D) contiguous float32, in place (b W <= MAX_C_ROWS); rows: the gated rows
         (int64) or None. Returns x."""
         lm = self.lm
+        check_tensor("x", x, torch.float32, (None, None, self.D))
         b, W = x.shape[:2]
         ng = 0 if rows is None else rows.numel()
-        if not (x.is_contiguous() and cache.k.is_contiguous() and cache.v.is_contiguous() and cos.is_contiguous()
-                and sin.is_contiguous() and allowed.is_contiguous()):
-            raise ValueError("the C layer loop takes contiguous tensors")
-        if b * W > MAX_C_ROWS or ng > MAX_C_ROWS:
+        if b * W > MAX_C_ROWS:
             raise ValueError(f"the C layer loop takes at most {MAX_C_ROWS} rows, got {b * W}")
+        shape = (len(self.structs), b, lm.n_kv, cache.capacity, lm.head_dim)
+        check_tensor("cache.k", cache.k, torch.float32, shape)
+        check_tensor("cache.v", cache.v, torch.float32, shape)
+        _check_attention(None, cos, sin, allowed, b, W, C, cache.capacity, lm.head_dim, lm.n_heads, lm.n_kv)
+        if rows is not None:
+            check_row_indices(rows, b * W)
         rc = self.lib.mars_layers(self.structs, len(self.structs), x.data_ptr(), b, W, self.D, self.I, lm.n_heads,
                                   lm.n_kv, lm.head_dim, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, C,
                                   cos.data_ptr(), sin.data_ptr(), allowed.data_ptr(),

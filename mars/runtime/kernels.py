@@ -12,13 +12,21 @@ AVX2-only CPU). These functions, called through ctypes (~0.3 microseconds a call
   - `mars_combine_rows2`: the rescale alone, after oneDNN's product for longer passes (a prompt).
   - `mars_lora_rows`: the gated adapter's float deltas at the mask rows only (the mask rows of a MARS pass).
 
-Built once per machine: the source, the flags, the compiler's version and the CPU's flags name a shared
-library in the cache folder (`MARS_CACHE`, else ~/.cache/mars-playground), compiled with `-march=native` for
-this CPU (or AVX2 when `MARS_CPU_FLAGS` says the CPU has no AVX-512, as the suite's AVX2-only run does) and
-`-ffp-contract=off`, so the arithmetic is the one written below (`-fno-trapping-math` only lets it vectorize
-the clamps of a loop; no value changes). Where no compiler works (`cc` missing, a
-read-only cache) or `MARS_C_KERNELS=0`, `kernels()` returns None and mars.runtime.quant runs the same steps as
-tensor ops and oneDNN: the same integers, floats equal to rounding (tested against each other).
+The C is in mars/runtime/csrc/: `mars_kernels.h` declares every function and struct Python uses (and the
+limits, MAX_C_ROWS and the rest, which are read from it here: mars.runtime.c_header), `kernels.c` and
+`layers.c` (the attention and layer loop: mars.runtime.cpu_layers) define them, `mars_internal.h` holds what
+the two share. Every wrapper below checks its tensors' dtype, shape, contiguity and device before a pointer
+crosses over, and raises TypeError / ValueError.
+
+Built once per machine (`build`): the sources, the flags, the compiler's version and the CPU's flags name a
+shared library in the cache folder (`MARS_CACHE`, else ~/.cache/mars-playground), compiled with
+`-march=native` for this CPU (or AVX2 when `MARS_CPU_FLAGS` says the CPU has no AVX-512, as the suite's
+AVX2-only run does) and `-ffp-contract=off`, so the arithmetic is the one written in the sources
+(`-fno-trapping-math` only lets it vectorize the clamps of a loop; no value changes); `MARS_C_FLAGS` adds
+flags (the sanitizer build of the tests). Where no compiler works (`cc` missing, a read-only cache) or
+`MARS_C_KERNELS=0`, `kernels()` returns None and mars.runtime.quant runs the same steps as tensor ops and
+oneDNN: the same integers, floats equal to rounding (tested against each other). A compiler that fails says
+so once (a RuntimeWarning with its first error lines); `status()` names what int8 runs on.
 """
 
 from __future__ import annotations
@@ -30,814 +38,29 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from mars.runtime.layers_c import SOURCE as LAYERS_SOURCE
+from mars.runtime.c_header import Header, parse
 
-SOURCE = r"""
-#include <stdint.h>
-#include <math.h>
-#include <float.h>
-#include <string.h>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-#if defined(_OPENMP)
-#include <omp.h>
-#endif
+CSRC = Path(__file__).with_name("csrc")  # the C sources, shipped as package data
+SOURCES = ("kernels.c", "layers.c")  # compiled into one library; their headers sit beside them
+HEADER: Header = parse((CSRC / "mars_kernels.h").read_text())
 
-/* Stage timers, compiled in only with -DMARS_STAGES (benchmarks/kernel_ab.py --stages): seconds spent in each
-   step of the layer loop, summed over layers and calls, read and reset by mars_stages. */
-#if defined(MARS_STAGES)
-#include <time.h>
-static double stage_s[13];
-static inline double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-#define STAGE_START double t_stage = now_s();
-#define STAGE(i) { const double t_now = now_s(); stage_s[i] += t_now - t_stage; t_stage = t_now; }
-#define STAGE0(i) if (omp_get_thread_num() == 0) STAGE(i)  /* inside a parallel region: thread 0's time */
-int mars_stages(double *out) {
-    for (int i = 0; i < 13; i++) { out[i] = stage_s[i]; stage_s[i] = 0.0; }
-    return 13;
-}
-#else
-#define STAGE_START
-#define STAGE(i)
-#define STAGE0(i)
-int mars_stages(double *out) { (void)out; return 0; }
-#endif
-
-/* Weights stream from memory once per pass, and one core only keeps a few misses in flight: while it
-   computes (the rescale, more rows, the adapter's delta) its stream stalls. Asking for the bytes PF_AHEAD
-   ahead keeps them coming (measured on the default model, int8, 2 threads: a pass of 4 inputs 1.32x a
-   1-input pass -> 1.16x, the 1-input pass itself ~3% faster; 4 and 16 KB did no better than 8). Prefetches
-   change no result. */
-#define PF_AHEAD 8192
-#define PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
-
-/* Vectors of VL floats (AVX-512: 16, AVX2: 8; none: the plain C loops). Every loop that uses them does, lane by
-   lane, the operations of its plain C loop in the same order, so 16 lanes, 8 lanes or none give the same bits. */
-#if defined(__AVX512F__)
-#define VL 16
-typedef __m512 vf;
-#define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#define VSET1 _mm512_set1_ps
-#define VFMA _mm512_fmadd_ps
-#define VZERO _mm512_setzero_ps
-#define VLOAD _mm512_loadu_ps
-#define VSTORE _mm512_storeu_ps
-#define VADD _mm512_add_ps
-#define VMAX _mm512_max_ps
-#define VEQ(a, b) ((int)_mm512_cmp_ps_mask((a), (b), _CMP_EQ_OQ))
-#define VMUL _mm512_mul_ps
-#define VSUB _mm512_sub_ps
-#define VDIV _mm512_div_ps
-#define VMIN _mm512_min_ps
-#define VABS _mm512_abs_ps
-#define VROUND(x) _mm512_roundscale_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-/* 16 floats holding whole numbers in [0, 255] -> 16 bytes at p */
-#define VSTORE_U8(p, x) _mm_storeu_si128((__m128i *)(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(x)))
-/* 2^n for 16 floats holding whole numbers n in [-126, 127] */
-#define VPOW2I(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
-#elif defined(__F16C__) && defined(__AVX2__) && defined(__FMA__)
-#define VL 8
-typedef __m256 vf;
-#define VLOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#define VSET1 _mm256_set1_ps
-#define VFMA _mm256_fmadd_ps
-#define VZERO _mm256_setzero_ps
-#define VLOAD _mm256_loadu_ps
-#define VSTORE _mm256_storeu_ps
-#define VADD _mm256_add_ps
-#define VMAX _mm256_max_ps
-#define VEQ(a, b) _mm256_movemask_ps(_mm256_cmp_ps((a), (b), _CMP_EQ_OQ))
-#define VMUL _mm256_mul_ps
-#define VSUB _mm256_sub_ps
-#define VDIV _mm256_div_ps
-#define VMIN _mm256_min_ps
-#define VABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), (x))
-#define VROUND(x) _mm256_round_ps((x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-static inline void vstore_u8(uint8_t *p, __m256 x) {  /* 8 whole numbers in [0, 255] -> 8 bytes */
-    const __m256i b = _mm256_shuffle_epi8(_mm256_cvttps_epi32(x), _mm256_set1_epi32(0x0c080400));
-    const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
-    _mm_storel_epi64((__m128i *)p, _mm_unpacklo_epi32(lo, hi));
-}
-#define VSTORE_U8(p, x) vstore_u8((p), (x))
-#define VPOW2I(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
-#endif
-
-/* One row at ~16 bits as two uint8 rows, bit for bit as mars.runtime.quant.quantize_rows2: u = x * (127 / amax(|x|)),
-   q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
-   in the default mode: half to even, as torch.round. */
-static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *r) {
-    /* the largest |x| in 16 lanes, then across them: a maximum is exact in any order, and the lanes let the
-       compiler vectorize the loop (a single running maximum is one dependent chain) */
-    float lane[16] = {0};
-    int64_t j = 0;
-#if defined(VL)
-    {
-        vf m0 = VZERO(), m1 = VZERO();  /* lanes 0..VL-1 and, with 8-wide vectors, VL..15 */
-        for (; j + 16 <= k; j += 16) {
-            m0 = VMAX(VABS(VLOAD(row + j)), m0);  /* = a > m ? a : m, lane by lane */
-            if (VL == 8) m1 = VMAX(VABS(VLOAD(row + j + VL)), m1);
-        }
-        VSTORE(lane, m0);
-        if (VL == 8) VSTORE(lane + VL, m1);
-    }
-#endif
-    for (; j + 16 <= k; j += 16)
-        for (int l = 0; l < 16; l++) {
-            const float a = fabsf(row[j + l]);
-            lane[l] = a > lane[l] ? a : lane[l];
-        }
-    for (; j < k; j++) {
-        const float a = fabsf(row[j]);
-        lane[0] = a > lane[0] ? a : lane[0];
-    }
-    float amax = 0.0f;
-    for (int l = 0; l < 16; l++) amax = lane[l] > amax ? lane[l] : amax;
-    if (!(amax >= FLT_MIN)) {  /* a zero row: zeros (127 / FLT_MIN would overflow to inf, and 0 * inf is NaN) */
-        memset(q, 128, (size_t)k);
-        memset(r, 128, (size_t)k);
-        return FLT_MIN / 127.0f;
-    }
-    const float inv = (1.0f / amax) * 127.0f;  /* as torch's 127 / tensor: a reciprocal, then the product */
-    j = 0;
-#if defined(VL)
-    /* the same operations, VL values at a time (the compiler's own vectors here were 4 wide: ~1 us a row) */
-    const vf iv = VSET1(inv), off = VSET1(128.0f), steps = VSET1(254.0f);
-    for (; j + VL <= k; j += VL) {
-        const vf u = VMUL(VLOAD(row + j), iv), qf = VROUND(u);
-        VSTORE_U8(q + j, VADD(qf, off));
-        VSTORE_U8(r + j, VADD(VROUND(VMUL(VSUB(u, qf), steps)), off));
-    }
-#endif
-    for (; j < k; j++) {
-        float u = row[j] * inv;
-        float qf = nearbyintf(u);
-        q[j] = (uint8_t)(int)(qf + 128.0f);
-        r[j] = (uint8_t)(int)(nearbyintf((u - qf) * 254.0f) + 128.0f);
-    }
-    return amax / 127.0f;
-}
-
-/* The row loops below split their rows across threads when the rows hold at least this many values (a
-   team costs a few microseconds; a 1536-wide SiLU row ~2): a wide pass's rows, never a 1-token pass's. */
-#define PAR_MIN 4096
-
-/* Rows of x (n x k, row stride ldx) -> out (2n x ldo) = [rows ; their residuals], sx (n). Columns k..ldo of
-   out are left as they are (the product's zero-padded weights ignore them). */
-void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t *out, int64_t ldo, float *sx) {
-    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
-    for (int64_t i = 0; i < n; i++) sx[i] = quant_row(x + i * ldx, k, out + i * ldo, out + (n + i) * ldo);
-}
-
-/* RMSNorm then quantize: h = x * (1 / sqrt(mean(x^2) + eps)) * w (written to h, n x k: the gated adapter's
-   deltas read it), then h's rows as mars_quant_rows2. The mean is summed in double, in 8 interleaved partial
-   sums added in a fixed order (the same bits for any vector width). */
-void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const float *w, float eps, float *h,
-                        uint8_t *out, int64_t ldo, float *sx) {
-    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        const float *row = x + i * ldx;
-        double part[8] = {0};
-        int64_t j = 0;
-#if defined(__AVX512F__)
-        {  /* the same 8 partial sums, one per lane (a float's square is exact in double: no rounding to order) */
-            __m512d acc = _mm512_setzero_pd();
-            for (; j + 8 <= k; j += 8) {
-                const __m512d d = _mm512_cvtps_pd(_mm256_loadu_ps(row + j));
-                acc = _mm512_add_pd(acc, _mm512_mul_pd(d, d));
-            }
-            _mm512_storeu_pd(part, acc);
-        }
-#elif defined(VL)
-        {
-            __m256d lo = _mm256_setzero_pd(), hi = lo;
-            for (; j + 8 <= k; j += 8) {
-                const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(row + j)), b = _mm256_cvtps_pd(_mm_loadu_ps(row + j + 4));
-                lo = _mm256_add_pd(lo, _mm256_mul_pd(a, a));
-                hi = _mm256_add_pd(hi, _mm256_mul_pd(b, b));
-            }
-            _mm256_storeu_pd(part, lo);
-            _mm256_storeu_pd(part + 4, hi);
-        }
-#endif
-        for (; j + 8 <= k; j += 8)
-            for (int l = 0; l < 8; l++) part[l] += (double)row[j + l] * row[j + l];
-        for (; j < k; j++) part[0] += (double)row[j] * row[j];
-        const double ss = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-        const float r = 1.0f / sqrtf((float)(ss / (double)k) + eps);
-        float *hr = h + i * k;
-        j = 0;
-#if defined(VL)
-        for (const vf rv = VSET1(r); j + VL <= k; j += VL) VSTORE(hr + j, VMUL(VMUL(VLOAD(row + j), rv), VLOAD(w + j)));
-#endif
-        for (; j < k; j++) hr[j] = row[j] * r * w[j];
-        sx[i] = quant_row(hr, k, out + i * ldo, out + (n + i) * ldo);
-    }
-}
-
-/* exp(x) for the SiLU: Cephes' expf (a degree-6 polynomial on x - n ln2, then 2^n; within 2 ulp) written
-   without branches or calls, so that the compiler vectorizes the loop that uses it, and with the same
-   operations in every lane: every build gives the same bits (libm's expf is one call per value). x is
-   clamped to [-87, 88] (exp(-87) ~ 1.6e-38 against a SiLU's ~0 there; exp(88) is below FLT_MAX). */
-static inline float exp_poly(float x) {
-    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-    const float n = nearbyintf(x * 1.44269504088896341f);
-    float r = fmaf(n, -0.693359375f, x);
-    r = fmaf(n, 2.12194440e-4f, r);
-    float p = 1.9875691500e-4f;
-    p = fmaf(p, r, 1.3981999507e-3f);
-    p = fmaf(p, r, 8.3334519073e-3f);
-    p = fmaf(p, r, 4.1665795894e-2f);
-    p = fmaf(p, r, 1.6666665459e-1f);
-    p = fmaf(p, r, 5.0000001201e-1f);
-    p = fmaf(p * r, r, r) + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, 4);
-    return p * scale;
-}
-
-#if defined(VL)
-/* exp_poly in VL lanes: the same operations in the same order, so the same bits (the SiLU's and the C
-   attention's softmax) */
-static inline vf vexp_poly(vf x) {
-    x = VMIN(VMAX(x, VSET1(-87.0f)), VSET1(88.0f));
-    const vf n = VROUND(VMUL(x, VSET1(1.44269504088896341f)));
-    vf r = VFMA(n, VSET1(-0.693359375f), x);
-    r = VFMA(n, VSET1(2.12194440e-4f), r);
-    vf p = VSET1(1.9875691500e-4f);
-    p = VFMA(p, r, VSET1(1.3981999507e-3f));
-    p = VFMA(p, r, VSET1(8.3334519073e-3f));
-    p = VFMA(p, r, VSET1(4.1665795894e-2f));
-    p = VFMA(p, r, VSET1(1.6666665459e-1f));
-    p = VFMA(p, r, VSET1(5.0000001201e-1f));
-    p = VADD(VFMA(VMUL(p, r), r, r), VSET1(1.0f));
-    return VMUL(p, VPOW2I(n));
-}
-#endif
-
-/* The MLP's activation then quantize: gu (n x 2k, row stride ld) = [gate | up]; a = silu(gate) * up
-   (written to a, n x k), then a's rows as mars_quant_rows2. */
-void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, float *a, uint8_t *out, int64_t ldo,
-                         float *sx) {
-    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
-    for (int64_t i = 0; i < n; i++) {
-        const float *g = gu + i * ld, *u = g + k;
-        float *ar = a + i * k;
-        int64_t j = 0;
-#if defined(VL)
-        for (const vf one = VSET1(1.0f); j + VL <= k; j += VL) {
-            const vf gv = VLOAD(g + j);
-            VSTORE(ar + j, VMUL(VDIV(gv, VADD(one, vexp_poly(VSUB(VZERO(), gv)))), VLOAD(u + j)));
-        }
-#endif
-        for (; j < k; j++) ar[j] = g[j] / (1.0f + exp_poly(-g[j])) * u[j];
-        sx[i] = quant_row(ar, k, out + i * ldo, out + (n + i) * ldo);
-    }
-}
-
-/* y (n x m) = (q + r * (1/254)) * sx[row] * sw[col] (+ bias) (+ res): the rescale of the integer sums acc
-   (2n x m) = [q ; r] of the rows and their residuals, as mars.runtime.quant.Int8Linear's tensor ops do it
-   (add with alpha, which ATen computes as one fma). res: the residual stream to add (row stride ldr), or NULL. */
-/* One output: (q + r * (1/254)) * sx * sw (+ bias) (+ res), in this order (the tensor ops' order). The one
-   rescale of every path: after oneDNN's sums (mars_combine_rows2) and after the C product (block_rescale). */
-static inline float rescale(float q, float r, float sx, float sw, const float *bias, const float *res) {
-    float v = fmaf(r, (float)(1.0 / 254.0), q) * sx * sw;
-    if (bias) v += *bias;
-    if (res) v = *res + v;
-    return v;
-}
-
-void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx, const float *sw,
-                        const float *bias, const float *res, int64_t ldr, float *y) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *q = acc + i * m, *r = acc + (n + i) * m;
-        for (int64_t o = 0; o < m; o++)
-            y[i * m + o] = rescale(q[o], r[o], sx[i], sw[o], bias ? bias + o : NULL, res ? res + i * ldr + o : NULL);
-    }
-}
-
-/* The gated adapter's delta at a few rows, added in place: y[g] += B (A h[g]) for each row index g in rows
-   (row g of h and of y), as mars.runtime.linear.Linear._delta adds it at the rows whose gate is 1 (the other
-   rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 16) and B as segments,
-   one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
-   segment's B in bt, stored by blocks of outputs: range_delta): block_diag's zero blocks are never read. Both in
-   float16, the adapter's own values (it ships in float16), so widening them to float32 is exact.
-   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), so the
-   result does not depend on the thread count; then y += B t, split across threads by output. */
-#define MAXR 256
-#define MAXROWS 32  /* = 2 * MAX_C_ROWS: value and residual rows of up to 16 tokens */
-static inline float half_to_float(uint16_t v) {
-    const uint32_t sign = (uint32_t)(v & 0x8000) << 16, e = (v >> 10) & 31, f = v & 1023;
-    uint32_t bits;
-    if (e == 31) bits = sign | 0x7f800000u | (f << 13);
-    else if (e) bits = sign | ((e + 112) << 23) | (f << 13);
-    else if (!f) bits = sign;
-    else {  /* subnormal: normalise */
-        int sh = 0;
-        uint32_t m = f;
-        while (!(m & 1024)) { m <<= 1; sh++; }
-        bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 1023) << 13);
-    }
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
-
-
-typedef struct {  /* one fused Linear's deltas (LoraWeights in Python) */
-    const uint16_t *at;  /* A transposed, k x R */
-    int64_t R, k;
-    const uint16_t *bt;  /* the segments' B transposed */
-    const int64_t *seg;  /* 5 per segment: first output, outputs, first column of t, columns, offset in bt */
-    int64_t nseg;
-} lora_w;
-
-#if defined(VL)
-/* part[r][j0 .. j0 + NV VL) for NR rows hr over c in [c0, c1): NR x NV independent fma chains, one per
-   (row, vector of t), each over c ascending. Called with constant NR and NV (LP_CASE's switch) so that the
-   accumulators stay in registers and the loop has no branch: with a runtime row count the loop ran ~3x
-   slower than its fma chains allow (measured in isolation: R 48, one row, 1.36 us a half). */
-ALWAYS_INLINE void lp_tile(const uint16_t *at, int64_t R, int64_t c0, int64_t c1, const float *const *hr,
-                           const int NR, const int NV, int64_t j0, float part[][MAXR]) {
-    vf acc[4][4];
-    for (int r = 0; r < NR; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
-    for (int64_t c = c0; c < c1; c++) {
-        const uint16_t *ar = at + c * R + j0;
-        vf av[4];
-        for (int v = 0; v < NV; v++) av[v] = VLOADH(ar + v * VL);
-        for (int r = 0; r < NR; r++) {
-            const vf hb = VSET1(hr[r][c]);
-            for (int v = 0; v < NV; v++) acc[r][v] = VFMA(av[v], hb, acc[r][v]);
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int v = 0; v < NV; v++) VSTORE(part[r] + j0 + v * VL, acc[r][v]);
-}
-#define LP_CASE(NV, OUT) \
-    switch (nr) { \
-    case 1: lp_tile(at, R, c0, c1, hr, 1, NV, j0, OUT); break; \
-    case 2: lp_tile(at, R, c0, c1, hr, 2, NV, j0, OUT); break; \
-    case 3: lp_tile(at, R, c0, c1, hr, 3, NV, j0, OUT); break; \
-    default: lp_tile(at, R, c0, c1, hr, 4, NV, j0, OUT); break; \
-    }
-#endif
-/* part[i][j] = sum over c in half p of k of A[j][c] * h[rows[i]][c]: t = A h is the sum of the two halves */
-static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, const int64_t *rows, int64_t n,
-                      float part[][MAXR]) {
-    const int64_t k = lw->k, R = lw->R;
-    const uint16_t *at = lw->at;
-    const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
-#if defined(VL)
-    /* up to 4 rows by up to 4 vectors of t (AVX2: 2, its 16 registers) at a time */
-    const int64_t vmax = VL == 16 ? 4 : 2;
-    for (int64_t i0 = 0; i0 < n; i0 += 4) {
-        const int64_t nr = n - i0 < 4 ? n - i0 : 4;
-        const float *hr[4];
-        for (int64_t r = 0; r < 4; r++) hr[r] = h + rows[i0 + (r < nr ? r : 0)] * ldh;
-        for (int64_t j0 = 0; j0 < R;) {  /* R is a multiple of 16 */
-            const int64_t nv = (R - j0) / VL < vmax ? (R - j0) / VL : vmax;
-            if (nv == 4) { LP_CASE(4, part + i0) }
-            else if (nv == 3) { LP_CASE(3, part + i0) }
-            else if (nv == 2) { LP_CASE(2, part + i0) }
-            else { LP_CASE(1, part + i0) }
-            j0 += nv * VL;
-        }
-    }
-#else
-    for (int64_t i = 0; i < n; i++) {
-        const float *hr = h + rows[i] * ldh;
-        for (int64_t j = 0; j < R; j++) {
-            float acc = 0.0f;
-            for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[c], acc);
-            part[i][j] = acc;
-        }
-    }
-#endif
-}
-
-#define LB 16
-#if defined(VL)
-/* NV vectors of outputs from o (B pieces bb[v] for each) for NR rows: NR x NV independent fma chains, each
-   output its own chain over jj ascending, then added to y. Constant NR and NV (BD_CASE's switch). */
-ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAXR], int64_t r_lo, const int64_t *rows,
-                           const int NR, const int NV, int64_t o, float *y, int64_t ldy) {
-    vf acc[4][4];
-    for (int r = 0; r < NR; r++)
-        for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
-    for (int64_t jj = 0; jj < r_n; jj++) {
-        vf bv[4];
-        for (int v = 0; v < NV; v++) bv[v] = VLOADH(bb[v] + jj * LB);
-        for (int r = 0; r < NR; r++) {
-            const vf tb = VSET1(t[r][r_lo + jj]);
-            for (int v = 0; v < NV; v++) acc[r][v] = VFMA(bv[v], tb, acc[r][v]);
-        }
-    }
-    for (int r = 0; r < NR; r++)
-        for (int v = 0; v < NV; v++) {
-            float *yo = y + rows[r] * ldy + o + v * VL;
-            VSTORE(yo, VADD(VLOAD(yo), acc[r][v]));
-        }
-}
-#define BD_CASE(NV) \
-    switch (nr) { \
-    case 1: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 1, NV, o, y, ldy); break; \
-    case 2: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 2, NV, o, y, ldy); break; \
-    case 3: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 3, NV, o, y, ldy); break; \
-    default: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 4, NV, o, y, ldy); break; \
-    }
-#endif
-/* y[rows[i]][o] += (B t[i])[o] for the outputs o in [o0, o1) (any range: a thread's share of a product, after
-   it). A segment's B is stored in blocks of LB outputs, each block's columns one after another (LB float16
-   each), so a block of outputs reads one contiguous piece. Each output is its own sum of fmas over jj
-   ascending, then added to y: the same bits from every caller, vector width, thread or range. Vectors: up to 4
-   rows by 4 vectors of outputs at a time (AVX2: 2), so that even one row has independent chains (one vector
-   at a time left the core waiting on each fma). */
-static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, int64_t n, int64_t o0,
-                        int64_t o1, float *y, int64_t ldy) {
-    for (int64_t s = 0; s < lw->nseg; s++) {
-        const int64_t *sg = lw->seg + 5 * s;
-        const int64_t o_lo = sg[0], lo = o0 > o_lo ? o0 : o_lo, hi = o1 < o_lo + sg[1] ? o1 : o_lo + sg[1];
-        if (lo >= hi) continue;
-        const int64_t r_lo = sg[2], r_n = sg[3];
-        const uint16_t *bs = lw->bt + sg[4];
-        int64_t o_vec = lo;  /* outputs [lo, o_vec) are done by vectors, the rest one by one */
-#if defined(VL)
-        if ((lo - o_lo) % VL == 0) {
-            const int64_t vmax = VL == 16 ? 4 : 2;
-            o_vec = lo + (hi - lo) / VL * VL;
-            for (int64_t o = lo; o < o_vec;) {
-                const int64_t nv = (o_vec - o) / VL < vmax ? (o_vec - o) / VL : vmax;
-                const uint16_t *bb[4];
-                for (int64_t v = 0; v < nv; v++) {
-                    const int64_t d = o + v * VL - o_lo, q = d % LB;
-                    bb[v] = bs + (d - q) * r_n + q;  /* output o + v VL's value for column jj: bb[v][jj * LB] */
-                }
-                for (int64_t i0 = 0; i0 < n; i0 += 4) {
-                    const int64_t nr = n - i0 < 4 ? n - i0 : 4;
-                    if (nv == 4) { BD_CASE(4) }
-                    else if (nv == 3) { BD_CASE(3) }
-                    else if (nv == 2) { BD_CASE(2) }
-                    else { BD_CASE(1) }
-                }
-                o += nv * VL;
-            }
-        }
-#endif
-        for (int64_t i = 0; i < n; i++) {
-            float *yr = y + rows[i] * ldy;
-            const float *ti = t[i] + r_lo;
-            for (int64_t o = o_vec; o < hi; o++) {
-                const int64_t d = o - o_lo, q = d % LB;
-                const uint16_t *bb = bs + (d - q) * r_n + q;
-                float acc = 0.0f;
-                for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf(half_to_float(bb[jj * LB]), ti[jj], acc);
-                yr[o] = yr[o] + acc;
-            }
-        }
-    }
-}
-
-/* A thread's share [lo, hi) of n items: contiguous, fixed by the thread count (a product and its delta split
-   the blocks alike, so a thread adds the delta to the outputs it wrote, with no barrier between) */
-static inline void thread_share(int64_t n, int64_t *lo, int64_t *hi) {
-#if defined(_OPENMP)
-    const int64_t nt = omp_get_num_threads(), tid = omp_get_thread_num();
-#else
-    const int64_t nt = 1, tid = 0;
-#endif
-    *lo = n * tid / nt;
-    *hi = n * (tid + 1) / nt;
-}
-
-void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, const lora_w *lw, float *y,
-                    int64_t ldy) {
-    if (n == 0 || lw->nseg == 0) return;  /* no gated row, or B all zeros (an adapter before training) */
-    const int64_t *last = lw->seg + 5 * (lw->nseg - 1), m = last[0] + last[1];  /* past the last adapted output */
-    float part[2][MAXROWS / 2][MAXR];
-    #pragma omp parallel
-    {
-        #pragma omp for schedule(static)
-        for (int p = 0; p < 2; p++) lora_part(lw, p, h, ldh, rows, n, part[p]);
-        /* y[g] += B t, split by blocks of outputs across threads: each thread sums the halves itself */
-        float t[MAXROWS / 2][MAXR];
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
-        int64_t b_lo, b_hi;
-        thread_share((m + LB - 1) / LB, &b_lo, &b_hi);
-        range_delta(lw, t, rows, n, b_lo * LB, b_hi * LB < m ? b_hi * LB : m, y, ldy);
-    }
-}
-
-/* Inside a parallel region: t = A h at the gated rows when there is a delta to add (lora), for the products
-   below to add B t to the outputs each thread wrote (range_delta, after its share of the blocks): one call and
-   one thread team for the product and its delta. part is shared (one half of k per thread), t each thread's
-   own sum of the halves. */
-#define LORA_T                                                                                              \
-    if (lora) {                                                                                             \
-        _Pragma("omp for schedule(static) nowait")                                                          \
-        for (int p = 0; p < 2; p++) lora_part(lw, p, h, ldh, grows, ng, part[p]);                         \
-        STAGE0(12)                                                                                          \
-        _Pragma("omp barrier")                                                                              \
-        for (int64_t i = 0; i < ng; i++)                                                                    \
-            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];                   \
-    }
-
-/* The integer product for a few rows, fused with the rescale: y (n x m) from x (2n x kp) uint8 rows
-   [values ; residuals] + 128 and the 7-bit int8 weights (|w| <= 64) in blocks of OB output channels:
-   w[blk][t][c][q] = W[blk * OB + c, 4 t + q] (kp a multiple of 64, m of OB, zero-padded), so that one
-   instruction multiplies 4 bytes of a row (broadcast) by 4 bytes of OB channels at once, with no
-   horizontal sums:
-     sum_r[o] = sum_j (x[r, j] - 128) * W[o, j] = sum_j x[r, j] * W[o, j] - 128 * wsum[o]      (exact int32)
-     y[i, o]  = (sum_i + sum_{n+i} * (1/254)) * sx[i] * sw[o] (+ bias[o]) (+ res[i, o])      (as combine)
-   AVX-512 VNNI: vpdpbusd, OB = 16; AVX2: vpmaddubsw (u8 x s8 pair sums: 2 * 255 * 64 < 2^15, no saturation)
-   then vpmaddwd, OB = 8; otherwise plain C, OB = 8. Blocks are split across OpenMP threads (torch's own
-   pool: the library loads after torch, and libgomp is found by its soname). With lw (and ng > 0 gated rows
-   grows of h) the gated adapter's delta is added to each thread's outputs after its blocks (LORA_T, range_delta). */
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-#define OB 16
-#else
-#define OB 8
-#endif
-
-int mars_block(void) { return OB; }
-
-/* sums s[r][c] (r < rows <= 4) of rows x + r * kp against one block of channels */
-static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const int8_t *wb, int32_t s[][OB]) {
-    const int64_t T = kp / 4;
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-    /* two sets of accumulators (even and odd t): vpdpbusd's latency is ~5 cycles, so 4 dependent chains
-       would leave its ports idle; 8 keep them busy (measured: a 5-wide pass's products 1.6x -> 1.4x a 1-wide) */
-    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    for (int64_t t = 0; t < T; t += 2) {  /* T = kp / 4 is a multiple of 16 */
-        PREFETCH(wb + t * OB * 4 + PF_AHEAD);
-        PREFETCH(wb + t * OB * 4 + PF_AHEAD + 64);
-        const __m512i w = _mm512_loadu_si512((const void *)(wb + t * OB * 4));
-        const __m512i u = _mm512_loadu_si512((const void *)(wb + (t + 1) * OB * 4));
-        int32_t v, z;
-#define STEP(A, B, R) memcpy(&v, x + (R) * kp + 4 * t, 4); memcpy(&z, x + (R) * kp + 4 * t + 4, 4); \
-        A = _mm512_dpbusd_epi32(A, _mm512_set1_epi32(v), w); B = _mm512_dpbusd_epi32(B, _mm512_set1_epi32(z), u);
-        STEP(a0, b0, 0)
-        if (rows > 1) { STEP(a1, b1, 1) }
-        if (rows > 2) { STEP(a2, b2, 2) }
-        if (rows > 3) { STEP(a3, b3, 3) }
-#undef STEP
-    }
-    _mm512_storeu_si512((void *)s[0], _mm512_add_epi32(a0, b0));
-    if (rows > 1) _mm512_storeu_si512((void *)s[1], _mm512_add_epi32(a1, b1));
-    if (rows > 2) _mm512_storeu_si512((void *)s[2], _mm512_add_epi32(a2, b2));
-    if (rows > 3) _mm512_storeu_si512((void *)s[3], _mm512_add_epi32(a3, b3));
-#elif defined(__AVX2__)
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t t = 0; t < T; t++) {
-        if (!(t & 1)) PREFETCH(wb + t * OB * 4 + PF_AHEAD);
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(wb + t * OB * 4));
-        int32_t v;
-#define STEP(A, R) memcpy(&v, x + (R) * kp + 4 * t, 4); \
-        A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(v), w), ones));
-        STEP(a0, 0)
-        if (rows > 1) { STEP(a1, 1) }
-        if (rows > 2) { STEP(a2, 2) }
-        if (rows > 3) { STEP(a3, 3) }
-#undef STEP
-    }
-    _mm256_storeu_si256((__m256i *)s[0], a0);
-    if (rows > 1) _mm256_storeu_si256((__m256i *)s[1], a1);
-    if (rows > 2) _mm256_storeu_si256((__m256i *)s[2], a2);
-    if (rows > 3) _mm256_storeu_si256((__m256i *)s[3], a3);
-#else
-    for (int64_t r = 0; r < rows; r++)
-        for (int c = 0; c < OB; c++) {
-            int32_t acc = 0;
-            for (int64_t t = 0; t < T; t++)
-                for (int q = 0; q < 4; q++) acc += (int32_t)x[r * kp + 4 * t + q] * (int32_t)wb[(t * OB + c) * 4 + q];
-            s[r][c] = acc;
-        }
-#endif
-}
-
-/* The rescale of one block's sums s (rows [values ; residuals] x OB) into y, as mars_combine_rows2. */
-static inline void block_rescale(int32_t s[][OB], int64_t n, int64_t o0, int64_t o1, const int32_t *wsum,
-                                 const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr,
-                                 float *y, int64_t m) {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t o = o0; o < o1; o++) {
-            const int32_t off = 128 * wsum[o];
-            y[i * m + o] = rescale((float)(s[i][o - o0] - off), (float)(s[n + i][o - o0] - off), sx[i], sw[o],
-                                   bias ? bias + o : NULL, res ? res + i * ldr + o : NULL);
-        }
-}
-
-#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && OB == 16
-/* AMX: one tile instruction multiplies up to 16 rows by a 64-byte slice of 16 channels (the blocked layout's
-   16 consecutive t-rows are exactly a B tile), so a pass of 8 tokens costs about what one costs. The OS
-   must grant the tile state to the process first (mars_amx_init); each thread loads its tile shapes. */
-#include <sys/syscall.h>
-#include <unistd.h>
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
-int mars_amx_init(void) {
-    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
-}
-
-/* rows <= 32: tiles 0/1 (sums/rows) hold rows 0-15, tiles 3/4 rows 16-31, tile 2 the weights */
-void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
-    const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
-    const int lo = rows < 16 ? (int)rows : 16, hi = (int)rows - lo;
-    const int lora = lw != NULL && ng > 0;
-    float part[2][MAXROWS / 2][MAXR];
-    #pragma omp parallel
-    {
-        float t[MAXROWS / 2][MAXR];
-        STAGE_START
-        LORA_T
-        STAGE0(9)
-        tile_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.palette_id = 1;
-        cfg.rows[0] = cfg.rows[1] = (uint8_t)lo;
-        cfg.rows[2] = 16;
-        cfg.colsb[0] = cfg.colsb[1] = cfg.colsb[2] = 64;
-        if (hi) {
-            cfg.rows[3] = cfg.rows[4] = (uint8_t)hi;
-            cfg.colsb[3] = cfg.colsb[4] = 64;
-        }
-        _tile_loadconfig(&cfg);
-        int32_t s[MAXROWS][OB];
-        int64_t b_lo, b_hi;
-        thread_share(blocks, &b_lo, &b_hi);
-        for (int64_t blk = b_lo; blk < b_hi; blk++) {
-            const int8_t *wb = w + blk * kp * OB;
-            _tile_zero(0);
-            if (hi) _tile_zero(3);
-            for (int64_t kc = 0; kc < kp; kc += 64) {
-                for (int l = 0; l < 16; l++) PREFETCH(wb + kc * OB + PF_AHEAD + 64 * l);  /* into the next block's */
-                _tile_loadd(2, wb + kc * OB, 64);  /* t-rows kc/4 .. kc/4 + 15: 16 x 64 bytes */
-                _tile_loadd(1, x + kc, kp);
-                _tile_dpbusd(0, 1, 2);
-                if (hi) {
-                    _tile_loadd(4, x + 16 * kp + kc, kp);
-                    _tile_dpbusd(3, 4, 2);
-                }
-            }
-            _tile_stored(0, s, OB * 4);
-            if (hi) _tile_stored(3, s + 16, OB * 4);
-            const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
-            block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
-        }
-        _tile_release();
-        STAGE0(10)
-        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, m);
-        STAGE0(11)
-    }
-}
-int mars_has_amx(void) { return 1; }
-#else
-int mars_amx_init(void) { return 0; }
-void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {}
-int mars_has_amx(void) { return 0; }
-#endif
-
-/* n <= MAXROWS / 2 rows; m: the real channels (the blocked weights may hold padding channels past m) */
-void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                     const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                     const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
-    const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
-    const int lora = lw != NULL && ng > 0;
-    float part[2][MAXROWS / 2][MAXR];
-    #pragma omp parallel
-    {
-        float t[MAXROWS / 2][MAXR];
-        STAGE_START
-        LORA_T
-        int64_t b_lo, b_hi;
-        thread_share(blocks, &b_lo, &b_hi);
-        for (int64_t blk = b_lo; blk < b_hi; blk++) {
-            int32_t s[MAXROWS][OB];
-            const int8_t *wb = w + blk * kp * OB;
-            for (int64_t r0 = 0; r0 < rows; r0 += 4)
-                block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
-            const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
-            block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
-        }
-        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, m);
-    }
-}
-
-
-/* Greedy choice and its probability, per row of logits x (n x V, row stride ld): tok = the first index of
-   the largest value (as torch's argmax), conf = p(tok) = 1 / sum_v exp(x_v - max). The sum runs in 16 lanes
-   added in a fixed order (the same bits for any vector width), exp as exp_poly. Rows split across threads. */
-static inline float row_max(const float *row, int64_t V) {  /* exact in any order */
-    float mx = -INFINITY;
-    int64_t j = 0;
-#if defined(VL)
-    vf m = VSET1(-INFINITY);
-    for (; j + VL <= V; j += VL) m = VMAX(m, VLOAD(row + j));
-    float lane[VL];
-    VSTORE(lane, m);
-    for (int l = 0; l < VL; l++) mx = lane[l] > mx ? lane[l] : mx;
-#endif
-    for (; j < V; j++) mx = row[j] > mx ? row[j] : mx;
-    return mx;
-}
-
-static inline float row_expsum(const float *row, int64_t V, float mx) {  /* sum exp(x - mx), 16 fixed lanes */
-    float sum[16] = {0};
-    int64_t j = 0;
-    for (; j + 16 <= V; j += 16)
-        for (int l = 0; l < 16; l++) sum[l] += exp_poly(row[j + l] - mx);
-    for (; j < V; j++) sum[0] += exp_poly(row[j] - mx);
-    float total = 0.0f;
-    for (int l = 0; l < 16; l++) total += sum[l];
-    return total;
-}
-
-void mars_argmax_conf(const float *x, int64_t n, int64_t V, int64_t ld, int64_t *tok, float *conf) {
-    #pragma omp parallel for schedule(static) if (n > 1)
-    for (int64_t i = 0; i < n; i++) {
-        const float *row = x + i * ld;
-        const float mx = row_max(row, V);  /* the maximum, then its first index */
-        int64_t at = 0;
-#if defined(VL)
-        const vf mv = VSET1(mx);
-        for (; at + VL <= V; at += VL) {
-            const int hit = VEQ(VLOAD(row + at), mv);
-            if (hit) {
-                at += __builtin_ctz((unsigned)hit);
-                break;
-            }
-        }
-#endif
-        while (at < V && !(row[at] == mx)) at++;
-        if (at >= V) at = 0;  /* none (all NaN) */
-        tok[i] = at;
-        conf[i] = 1.0f / row_expsum(row, V, mx);
-    }
-}
-
-/* The k likeliest tokens per row and their probabilities (softmax as above): idx, prob (n x k), descending,
-   the earlier index first among equal values. One pass keeps the k best so far; a block of values that holds
-   none above the k-th best is skipped with one vector compare. */
-void mars_top_probs(const float *x, int64_t n, int64_t V, int64_t ld, int64_t k, int64_t *idx, float *prob) {
-    #pragma omp parallel for schedule(static) if (n > 1)
-    for (int64_t i = 0; i < n; i++) {
-        const float *row = x + i * ld;
-        int64_t *bi = idx + i * k;
-        float *bv = prob + i * k;
-        for (int64_t c = 0; c < k; c++) { bv[c] = -INFINITY; bi[c] = 0; }
-        int64_t j = 0;
-        while (j < V) {
-#if defined(VL)
-            if (j + VL <= V) {  /* every value of the block at or below the k-th best: skip it */
-                const vf thr = VSET1(bv[k - 1]);
-                if (VEQ(VMAX(VLOAD(row + j), thr), thr) == (1 << VL) - 1) {
-                    j += VL;
-                    continue;
-                }
-            }
-            const int64_t end = j + VL <= V ? j + VL : V;
-#else
-            const int64_t end = j + 1;
-#endif
-            for (; j < end; j++) {
-                const float v = row[j];
-                if (!(v > bv[k - 1])) continue;
-                int64_t c = k - 1;
-                while (c > 0 && v > bv[c - 1]) { bv[c] = bv[c - 1]; bi[c] = bi[c - 1]; c--; }
-                bv[c] = v;
-                bi[c] = j;
-            }
-        }
-        const float mx = bv[0], inv = 1.0f / row_expsum(row, V, mx);
-        for (int64_t c = 0; c < k; c++) bv[c] = bv[c] == -INFINITY ? 0.0f : exp_poly(bv[c] - mx) * inv;
-    }
-}
-"""
-
-SOURCE += LAYERS_SOURCE  # the attention and the layer loop, built on the kernels above
+MAX_C_ROWS = HEADER.constants["MARS_MAX_ROWS"]  # rows (batch x width) the C product and layer loop take at most
+MAX_LORA_COLUMNS = HEADER.constants["MARS_MAX_LORA_COLUMNS"]  # the C delta's t = A h values per row at most
+LORA_BLOCK = HEADER.constants["MARS_LORA_BLOCK"]  # outputs per stored block of B
+PAD = HEADER.constants["MARS_PAD"]  # the C product reads rows of a multiple of this many bytes
+MAX_HEAD_DIM = HEADER.constants["MARS_MAX_HEAD_DIM"]  # mars_attend's rotary buffer
+ISA_NAMES = {HEADER.constants["MARS_ISA_PLAIN"]: "plain C", HEADER.constants["MARS_ISA_AVX2"]: "AVX2",
+             HEADER.constants["MARS_ISA_AVX512"]: "AVX-512", HEADER.constants["MARS_ISA_AVX512_VNNI"]: "AVX-512 VNNI"}
 
 _LOCK = threading.Lock()
-_STATE: dict = {}  # "lib": the loaded library or None, "why": why not
+_STATE: dict = {}  # "build": this process's Build (made by the first kernels() call)
 
 
 def _cache_dir() -> Path:
@@ -859,102 +82,173 @@ def _cpu_key() -> str:
 
 
 def compile_flags() -> list[str]:
-    """The compiler flags the kernels are built with, OpenMP aside (benchmarks/kernel_ab.py builds with them too)."""
+    """The compiler flags the kernels are built with, OpenMP and MARS_C_FLAGS aside."""
     return ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *_arch_flags()]
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
+def env_flags() -> list[str]:
+    """MARS_C_FLAGS: flags added to every build of this process (the sanitizer run of the kernel tests)."""
+    return os.environ.get("MARS_C_FLAGS", "").split()
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc or gcc on PATH; None where there is none."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    return cc if cc and shutil.which(cc) else None
+
+
+def _first_errors(stderr: str, lines: int = 3) -> str:
+    """The compiler's first error and the lines after it (its message), else the end of what it said."""
+    out = stderr.strip().splitlines()
+    at = next((i for i, line in enumerate(out) if "error" in line), max(0, len(out) - lines))
+    return " | ".join(line.strip() for line in out[at:at + lines])
+
+
+@dataclass(frozen=True)
+class Build:
+    """One build of the kernels: the loaded library, or None and why not."""
+
+    lib: ctypes.CDLL | None
+    why: str = ""  # where lib is None: what failed (the compiler's first error lines)
+    path: Path | None = None  # the shared library
+
+    def status(self) -> str:
+        """What int8 runs on, in words: 'C kernels, AVX-512 VNNI' (AMX, AVX2, ...) or 'tensor fallback: <why>'."""
+        if self.lib is None:
+            return f"tensor fallback: {self.why}"
+        if self.lib.amx:
+            return "C kernels, AMX"
+        return f"C kernels, {ISA_NAMES.get(self.lib.mars_isa(), 'unknown ISA')}"
+
+
+def build(sources: Path = CSRC, out_dir: Path | None = None, extra_flags: Sequence[str] = (),
+          header: Header | None = None) -> Build:
+    """The kernels compiled from `sources` (a folder holding SOURCES and their headers) into `out_dir` (default:
+    the cache folder) with compile_flags() + extra_flags, OpenMP where the compiler has it, and loaded;
+    `header` (default: this package's) declares its functions. A library already built with the same sources,
+    flags, compiler and CPU is loaded as it is."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        return None, "no C compiler (cc/gcc) on PATH"
-    base = compile_flags()
+        return Build(None, "no C compiler (cc/gcc) on PATH")
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        return None, f"{cc} does not run: {e}"
+        return Build(None, f"{cc} does not run: {e}")
+    try:
+        texts = [f"{p.name}\0{p.read_text()}" for p in sorted(sources.iterdir()) if p.suffix in (".c", ".h")]
+    except OSError as e:
+        return Build(None, f"cannot read the C sources in {sources}: {e}")
+    out_dir = Path(out_dir) if out_dir is not None else _cache_dir()
+    base = compile_flags() + list(extra_flags)
+    why = ""
     for flags in (base + ["-fopenmp"], base):  # without OpenMP (a compiler that lacks it): one thread
         # the CPU's flags too: -march=native code from another machine (an image built elsewhere) could hold
         # instructions this CPU lacks
-        key = hashlib.sha256("\0".join([SOURCE, *flags, version, _cpu_key()]).encode()).hexdigest()[:16]
-        lib = _cache_dir() / f"mars_int8_{key}.so"
-        so, why = _compile(cc, flags, lib)
-        if so is not None:
-            return so, ""
-    return None, why
+        key = hashlib.sha256("\0".join([*texts, *flags, version, _cpu_key()]).encode()).hexdigest()[:16]
+        lib = out_dir / f"mars_int8_{key}.so"
+        why = _compile(cc, flags, sources, lib)
+        if not why:
+            return load(lib, header)
+        if "omp" not in why.lower():
+            break  # an error in the sources: the same without OpenMP
+    return Build(None, why)
 
 
-def _compile(cc: str, flags: list[str], lib: Path) -> tuple[ctypes.CDLL | None, str]:
-    if not lib.exists():
-        try:
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-                src = Path(tmp) / "k.c"
-                src.write_text(SOURCE)
-                built = Path(tmp) / "k.so"
-                done = subprocess.run([cc, *flags, str(src), "-o", str(built), "-lm"], capture_output=True,
-                                      text=True, timeout=120)
-                if done.returncode != 0:
-                    return None, f"{cc} failed: {done.stderr.strip()[-300:]}"
-                os.replace(built, lib)  # atomic: two processes building at once both end with a whole file
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"could not build the kernels in {lib.parent}: {e}"
+def _compile(cc: str, flags: list[str], sources: Path, lib: Path) -> str:
+    """Builds `lib` unless it exists; '' when it is there, else why not."""
+    if lib.exists():
+        return ""
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+            built = Path(tmp) / "k.so"
+            done = subprocess.run([cc, *flags, *(str(sources / s) for s in SOURCES), "-o", str(built), "-lm"],
+                                  capture_output=True, text=True, timeout=300)
+            if done.returncode != 0:
+                return f"{Path(cc).name} failed: {_first_errors(done.stderr)}"
+            os.replace(built, lib)  # atomic: two processes building at once both end with a whole file
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"could not build the kernels in {lib.parent}: {e}"
+    return ""
+
+
+def load(lib: Path, header: Header | None = None) -> Build:
+    """A built library, its functions declared from `header` (default: this package's mars_kernels.h)."""
     try:
         so = ctypes.CDLL(str(lib))
-    except OSError as e:
-        return None, f"could not load {lib}: {e}"
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    so.mars_quant_rows2.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr]
-    so.mars_quant_rows2.restype = None
-    so.mars_combine_rows2.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr]
-    so.mars_combine_rows2.restype = None
-    so.mars_rmsnorm_quant.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, ptr, i64, ptr]
-    so.mars_rmsnorm_quant.restype = None
-    so.mars_silu_mul_quant.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, ptr]
-    so.mars_silu_mul_quant.restype = None
-    so.mars_gemv_rows2.argtypes = [ptr, i64, ptr, ptr, i64, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64,
-                                   ptr]
-    so.mars_gemv_rows2.restype = None
-    so.mars_lora_rows.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64]
-    so.mars_lora_rows.restype = None
-    so.mars_argmax_conf.argtypes = [ptr, i64, i64, i64, ptr, ptr]
-    so.mars_argmax_conf.restype = None
-    so.mars_top_probs.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr]
-    so.mars_top_probs.restype = None
-    so.mars_block.argtypes = []
-    so.mars_block.restype = ctypes.c_int
-    so.mars_attend.argtypes = [ptr, i64, i64, i64, i64, i64, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr]
-    so.mars_attend.restype = ctypes.c_int
-    so.mars_layers.argtypes = [ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, ptr, ptr, ptr,
-                               ptr, i64, ctypes.c_int]
-    so.mars_layers.restype = ctypes.c_int
-    so.mars_gemv_amx.argtypes = so.mars_gemv_rows2.argtypes
-    so.mars_gemv_amx.restype = None
-    for name in ("mars_amx_init", "mars_has_amx"):
-        getattr(so, name).argtypes = []
-        getattr(so, name).restype = ctypes.c_int
+        (header or HEADER).declare(so)
+    except (OSError, AttributeError) as e:
+        return Build(None, f"could not load {lib}: {e}", lib)
     # AMX where built for it, the OS grants the tiles, and MARS_AMX is not 0; else the VNNI / AVX2 product
     so.amx = bool(so.mars_has_amx()) and os.environ.get("MARS_AMX", "1") != "0" and bool(so.mars_amx_init())
-    return so, ""
+    return Build(so, "", lib)
 
 
 def kernels() -> ctypes.CDLL | None:
     """The compiled library (built on the first call in this process), or None where it cannot be built
-    or `MARS_C_KERNELS=0`; `unavailable_reason()` then says why."""
+    or `MARS_C_KERNELS=0`; `unavailable_reason()` then says why. A failed build warns once."""
     if os.environ.get("MARS_C_KERNELS", "1") == "0":
         return None
     with _LOCK:
-        if "lib" not in _STATE:
-            _STATE["lib"], _STATE["why"] = _build()
-        return _STATE["lib"]
+        if "build" not in _STATE:
+            _STATE["build"] = b = build(extra_flags=env_flags())
+            if b.lib is None and compiler() is not None:
+                warnings.warn(f"mars: the int8 C kernels did not build, int8 runs as tensor ops (about 2x "
+                              f"slower): {b.why}", RuntimeWarning, stacklevel=2)
+        return _STATE["build"].lib
 
 
 def unavailable_reason() -> str | None:
     if os.environ.get("MARS_C_KERNELS", "1") == "0":
         return "MARS_C_KERNELS=0"
-    return None if kernels() is not None else _STATE.get("why")
+    return None if kernels() is not None else _STATE["build"].why
 
 
-PAD = 64  # the C product reads rows of a multiple of 64 bytes (one AVX-512 register)
+def skip_reason() -> str | None:
+    """Why the kernels are not expected here (switched off, or no C compiler), else None. A test that needs
+    them skips for this reason only: where a compiler exists and the build fails, it fails."""
+    if os.environ.get("MARS_C_KERNELS", "1") == "0":
+        return "MARS_C_KERNELS=0"
+    return None if compiler() is not None else "no C compiler (cc/gcc) on PATH"
+
+
+def status() -> str:
+    """What the int8 matrices run on in this process: 'C kernels, AVX-512 VNNI' (AVX2, AMX, ...) or
+    'tensor fallback: <why>' (the Model panel and the CLI say it)."""
+    why = unavailable_reason()
+    return f"tensor fallback: {why}" if why else _STATE["build"].status()
+
+
+# Every wrapper checks what it hands to C (lesson 15): a wrong dtype, shape or stride would read or write
+# past a tensor's memory without a word.
+def check_tensor(name: str, t, dtype: torch.dtype, shape: tuple, rows: bool = False) -> None:
+    """Raise unless t is a CPU tensor of `dtype` and `shape` (None: any size) and contiguous (rows: its rows
+    may sit apart, each row contiguous; the C takes the row stride)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} must be {dtype}, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {t.device}")
+    if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+    if rows:
+        if t.dim() != 2 or t.stride(1) != 1 or (t.shape[0] > 1 and t.stride(0) < t.shape[1]):
+            raise ValueError(f"{name} must have contiguous rows, got strides {t.stride()}")
+    elif not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def check_row_indices(rows, n: int) -> None:
+    """Gated row indices: int64, contiguous, at most MAX_C_ROWS, each in [0, n)."""
+    check_tensor("rows", rows, torch.long, (None,))
+    if rows.numel() > MAX_C_ROWS:
+        raise ValueError(f"the C delta takes at most {MAX_C_ROWS} rows, got {rows.numel()}")
+    if rows.numel():
+        lo, hi = rows.aminmax()
+        if lo < 0 or hi >= n:
+            raise ValueError(f"row indices must be in [0, {n}), got {rows.tolist()}")
 
 
 def padded(k: int) -> int:
@@ -963,20 +257,30 @@ def padded(k: int) -> int:
 
 
 def quant_rows2(lib, x: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (n, k) float32, last dimension contiguous -> ((2n, kp) uint8 [q + 128 ; r + 128], sx (n,)): see SOURCE."""
+    """x (n, k) float32, rows contiguous -> ((2n, kp) uint8 [q + 128 ; r + 128], sx (n,)): see kernels.c."""
+    check_tensor("x", x, torch.float32, (None, None), rows=True)
     n, k = x.shape
-    kp = kp or k
+    kp = _row_length(k, kp)
     out = torch.empty(2 * n, kp, dtype=torch.uint8)
     sx = torch.empty(n)
     lib.mars_quant_rows2(x.data_ptr(), n, k, x.stride(0), out.data_ptr(), kp, sx.data_ptr())
     return out, sx
 
 
-def rmsnorm_quant(lib, x: torch.Tensor, w: torch.Tensor, eps: float, kp: int | None = None):
-    """x (n, k) float32, last dimension contiguous -> (h = RMSNorm(x) * w (n, k), its rows quantized (2n, kp)
-    uint8, sx (n,)): see SOURCE."""
-    n, k = x.shape
+def _row_length(k: int, kp: int | None) -> int:
     kp = kp or k
+    if kp < k:
+        raise ValueError(f"the quantized rows' length {kp} is shorter than the rows' {k}")
+    return kp
+
+
+def rmsnorm_quant(lib, x: torch.Tensor, w: torch.Tensor, eps: float, kp: int | None = None):
+    """x (n, k) float32, rows contiguous, w (k,) float32 -> (h = RMSNorm(x) * w (n, k), its rows quantized
+    (2n, kp) uint8, sx (n,)): see kernels.c."""
+    check_tensor("x", x, torch.float32, (None, None), rows=True)
+    n, k = x.shape
+    check_tensor("w", w, torch.float32, (k,))
+    kp = _row_length(k, kp)
     h = torch.empty(n, k)
     out = torch.empty(2 * n, kp, dtype=torch.uint8)
     sx = torch.empty(n)
@@ -986,9 +290,13 @@ def rmsnorm_quant(lib, x: torch.Tensor, w: torch.Tensor, eps: float, kp: int | N
 
 
 def silu_mul_quant(lib, gu: torch.Tensor, kp: int | None = None):
-    """gu (n, 2k) = [gate | up] float32 -> (a = silu(gate) * up (n, k), its rows quantized (2n, kp) uint8, sx)."""
+    """gu (n, 2k) = [gate | up] float32, rows contiguous -> (a = silu(gate) * up (n, k), its rows quantized
+    (2n, kp) uint8, sx)."""
+    check_tensor("gu", gu, torch.float32, (None, None), rows=True)
+    if gu.shape[1] % 2:
+        raise ValueError(f"gu holds [gate | up]: an even width, got {gu.shape[1]}")
     n, k = gu.shape[0], gu.shape[1] // 2
-    kp = kp or k
+    kp = _row_length(k, kp)
     a = torch.empty(n, k)
     out = torch.empty(2 * n, kp, dtype=torch.uint8)
     sx = torch.empty(n)
@@ -997,7 +305,9 @@ def silu_mul_quant(lib, gu: torch.Tensor, kp: int | None = None):
 
 
 def block_weights(lib, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 weights (m, k) -> (the C product's blocked copy (see SOURCE), zero-padded; wsum (m,) int32 row sums)."""
+    """int8 weights (m, k) -> (the C product's blocked copy (see kernels.c), zero-padded: (mp / OB, kp / 4, OB,
+    4) int8 with OB = mars_block(); wsum (m,) int32 row sums)."""
+    check_tensor("q", q, torch.int8, (None, None), rows=True)
     ob = lib.mars_block()
     m, k = q.shape
     mp, kp = -(-m // ob) * ob, padded(k)
@@ -1007,26 +317,38 @@ def block_weights(lib, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocked, q.sum(dim=1, dtype=torch.int32)
 
 
-MAX_C_ROWS = 16  # rows (batch x width) the C product takes at most (MAXROWS / 2 in SOURCE)
-
-
 def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor,
                bias: torch.Tensor | None, res: torch.Tensor | None = None, delta: tuple | None = None) -> torch.Tensor:
-    """The product and rescale in one (see SOURCE): xq (2n, kp) uint8 rows (n <= MAX_C_ROWS), w blocked by
-    `block_weights`, wsum (m,), sx (n,), sw (m,), bias (m,) or None, res (n, m) or None -> y (n, m) float32.
+    """The product and rescale in one (see kernels.c): xq (2n, kp) uint8 rows (n <= MAX_C_ROWS, kp a multiple
+    of PAD), w blocked by `block_weights`, wsum (m,) int32, sx (n,), sw (m,), bias (m,) or None, res (n, m) or
+    None (float32; res's rows contiguous) -> y (n, m) float32.
     delta: None, or (h (n, k) float32 rows, gated row indices (int64, at most MAX_C_ROWS), LoraWeights): the
     gated adapter's delta added in the same call, the same bits as `lora_rows` after it."""
+    check_tensor("sx", sx, torch.float32, (None,))
+    check_tensor("wsum", wsum, torch.int32, (None,))
     n, m = sx.shape[0], wsum.shape[0]
     if n > MAX_C_ROWS:
         raise ValueError(f"the C product takes at most {MAX_C_ROWS} rows, got {n}")
+    check_tensor("xq", xq, torch.uint8, (2 * n, None))
+    kp, ob = xq.shape[1], lib.mars_block()
+    if kp % PAD:
+        raise ValueError(f"xq's rows must hold a multiple of {PAD} bytes (padded(k)), got {kp}")
+    check_tensor("w", w, torch.int8, (-(-m // ob), kp // 4, ob, 4))
+    check_tensor("sw", sw, torch.float32, (m,))
+    if bias is not None:
+        check_tensor("bias", bias, torch.float32, (m,))
+    if res is not None:
+        check_tensor("res", res, torch.float32, (n, m), rows=True)
     y = torch.empty(n, m)
     h = rows = lw = None
     if delta is not None:
         h, rows, lw = delta
-        if rows.numel() > MAX_C_ROWS:
-            raise ValueError(f"the C delta takes at most {MAX_C_ROWS} rows, got {rows.numel()}")
+        check_tensor("h", h, torch.float32, (n, lw.c.k), rows=True)
+        check_row_indices(rows, n)
+        if lw.m > m:
+            raise ValueError(f"the delta writes {lw.m} outputs, the product has {m}")
     (lib.mars_gemv_amx if lib.amx else lib.mars_gemv_rows2)(
-        xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, xq.shape[1], sx.data_ptr(), sw.data_ptr(),
+        xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, kp, sx.data_ptr(), sw.data_ptr(),
         None if bias is None else bias.data_ptr(), None if res is None else res.data_ptr(),
         0 if res is None else res.stride(0), y.data_ptr(),
         None if h is None else h.data_ptr(), 0 if h is None else h.stride(0),
@@ -1037,9 +359,18 @@ def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: t
 
 def combine_rows2(lib, acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,
                   res: torch.Tensor | None = None) -> torch.Tensor:
-    """acc (2n, m) float32 contiguous -> (n, m): see SOURCE. sw (m,), bias (m,) float32; res: (n, m) rows to
-    add (the residual stream), last dimension contiguous."""
+    """acc (2n, m) float32 contiguous -> (n, m): see kernels.c. sx (n,), sw (m,), bias (m,) float32; res: (n, m)
+    rows to add (the residual stream), rows contiguous."""
+    check_tensor("acc", acc, torch.float32, (None, None))
+    if acc.shape[0] % 2:
+        raise ValueError(f"acc holds [values ; residuals]: an even number of rows, got {acc.shape[0]}")
     n, m = acc.shape[0] // 2, acc.shape[1]
+    check_tensor("sx", sx, torch.float32, (n,))
+    check_tensor("sw", sw, torch.float32, (m,))
+    if bias is not None:
+        check_tensor("bias", bias, torch.float32, (m,))
+    if res is not None:
+        check_tensor("res", res, torch.float32, (n, m), rows=True)
     y = torch.empty(n, m)
     lib.mars_combine_rows2(acc.data_ptr(), n, m, sx.data_ptr(), sw.data_ptr(),
                            None if bias is None else bias.data_ptr(),
@@ -1047,23 +378,28 @@ def combine_rows2(lib, acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bi
     return y
 
 
-class _LoraW(ctypes.Structure):
-    _fields_ = [("at", ctypes.c_void_p), ("R", ctypes.c_int64), ("k", ctypes.c_int64), ("bt", ctypes.c_void_p),
-                ("seg", ctypes.c_void_p), ("nseg", ctypes.c_int64)]
-
-
-MAX_LORA_COLUMNS = 256  # the C delta's t = A h holds at most this many values per row (MAXR in SOURCE)
-LORA_BLOCK = 16  # outputs per stored block of B (LB in SOURCE)
+LoraW = HEADER.structs["lora_w"]  # mars_kernels.h's lora_w as a ctypes.Structure
 
 
 class LoraWeights:
     """A fused Linear's gated deltas laid out for the C kernels: A transposed (k, R) and B's non-zero blocks
-    in blocks of LORA_BLOCK outputs, in float16; `None` from `of` where they do not fit that (see SOURCE)."""
+    in blocks of LORA_BLOCK outputs, in float16; `None` from `of` where they do not fit that (see kernels.c)."""
 
     def __init__(self, at: torch.Tensor, bt: torch.Tensor, seg: torch.Tensor):
+        check_tensor("at", at, torch.int16, (None, None))  # float16 bits
+        check_tensor("bt", bt, torch.int16, (None,))
+        check_tensor("seg", seg, torch.long, (None,))
+        if at.shape[1] % 16 or at.shape[1] > MAX_LORA_COLUMNS or seg.numel() % 5:
+            raise ValueError(f"A's rank {at.shape[1]} (a multiple of 16, at most {MAX_LORA_COLUMNS}) or the "
+                             f"segments ({seg.numel()} values, 5 each) do not fit the C delta")
         self.at, self.bt, self.seg = at, bt, seg
-        # the same, as SOURCE's lora_w (the tensors above keep the memory alive)
-        self.c = _LoraW(at.data_ptr(), at.shape[1], at.shape[0], bt.data_ptr(), seg.data_ptr(), seg.numel() // 5)
+        s = seg.view(-1, 5)  # first output, outputs, first column, columns, offset: every read within bt and t
+        if len(s) and ((s[:, 2] + s[:, 3] > at.shape[1]).any()
+                       or (s[:, 4] + -(-s[:, 1] // LORA_BLOCK) * LORA_BLOCK * s[:, 3] > bt.numel()).any()):
+            raise ValueError("a segment of B reads past A's columns or B's values")
+        self.m = int((s[:, 0] + s[:, 1]).max()) if len(s) else 0  # outputs written: [0, m)
+        # the same, as mars_kernels.h's lora_w (the tensors above keep the memory alive)
+        self.c = LoraW(at.data_ptr(), at.shape[1], at.shape[0], bt.data_ptr(), seg.data_ptr(), seg.numel() // 5)
 
     @classmethod
     def of(cls, a: torch.Tensor, b: torch.Tensor, out_sizes: list[int]) -> "LoraWeights | None":
@@ -1094,13 +430,18 @@ class LoraWeights:
         return cls(at.view(torch.int16), bt.view(torch.int16), torch.tensor(seg, dtype=torch.long))
 
 
+
+
 def lora_rows(lib, h: torch.Tensor, rows: torch.Tensor, w: LoraWeights, y: torch.Tensor) -> torch.Tensor:
-    """y[g] += B (A h[g]) for g in rows (int64, at most MAX_C_ROWS), in place: see SOURCE. h (n, k) and y (n, m)
-    float32 with contiguous rows; returns y."""
-    if rows.numel() > MAX_C_ROWS:
-        raise ValueError(f"the C delta takes at most {MAX_C_ROWS} rows, got {rows.numel()}")
+    """y[g] += B (A h[g]) for g in rows (int64, at most MAX_C_ROWS), in place: see kernels.c. h (n, k) and y
+    (n, m) float32 with contiguous rows; returns y."""
+    check_tensor("h", h, torch.float32, (None, None), rows=True)
     if h.shape[1] != w.c.k:
         raise ValueError(f"the delta's rows have {h.shape[1]} values, its A takes {w.c.k}")
+    check_tensor("y", y, torch.float32, (h.shape[0], None), rows=True)
+    if w.m > y.shape[1]:
+        raise ValueError(f"the delta writes {w.m} outputs, y has {y.shape[1]}")
+    check_row_indices(rows, h.shape[0])
     lib.mars_lora_rows(h.data_ptr(), h.stride(0), rows.data_ptr(), rows.numel(), ctypes.byref(w.c), y.data_ptr(),
                        y.stride(0))
     return y

@@ -1,24 +1,6 @@
-"""C source of the int8 fast path's attention and of its whole decoder-layer loop (compiled with
-mars.runtime.kernels' SOURCE, after it: it calls the kernels defined there).
-
-Why: through the per-layer Python path a pass of the default model ran ~10 small steps a layer (30 layers)
-as tensor ops and wrapper calls, each with its allocations and dispatch, and SDPA with a mask: on two cores a
-1-token int8 pass took 12.3 ms where its matrix products take ~4. In one C call the same pass takes 6.4 ms
-(benchmarks/pass_cost.py, docs/int8.md):
-  - `mars_attend`: the rotary on q and k, the window's K and V written into the cache, and attention over
-    the allowed keys, all per query row: a row's scores, softmax and weighted sum are computed in the same
-    order whatever else is in its pass (its own allowed keys, absolute key order, masked keys adding exact
-    zeros), so a row's output does not depend on the pass's width: the lossless modes' AR check compares
-    like with like. (SDPA's blocking depends on the number of queries.)
-  - `mars_layers`: every layer of a pass of up to 16 rows in one call: RMSNorm and quantize, the qkv
-    product (+ gated delta), `mars_attend`, the o product added to the residual stream, RMSNorm, gate|up,
-    SiLU * up, down added to the stream: the same kernels, in the same order, as the per-layer Python path
-    (Int8Linear's steps and `mars_attend`, as FastLM._c_forward runs a pass too long for one call), so both
-    give the same bits.
-"""
-
-SOURCE = r"""
-#include <stdlib.h>
+/* The int8 fast path's attention and its whole decoder-layer loop (declared in mars_kernels.h; the Python
+   side is mars/runtime/cpu_layers.py), built on the kernels of kernels.c. */
+#include "mars_internal.h"
 
 /* Attention, one query row of one head at a time, in an order that does not depend on what else is in its
    pass (the lossless modes' AR check compares a row with itself in a 1-token pass):
@@ -249,7 +231,7 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         const float *c = cos + r * hd, *sn = sin + r * hd;
         const int64_t bi = r / W, i = r % W;
         for (int64_t hh = 0; hh < H + KV; hh++) {
-            float *x = row + hh * hd, tmp[512];
+            float *x = row + hh * hd, tmp[MARS_MAX_HEAD_DIM];
             for (int64_t d = 0; d < hd; d++) {
                 const float rot = x[d < half ? d + half : d - half];
                 const float a = x[d] * c[d], bb = rot * sn[d];
@@ -292,20 +274,6 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
     return failed;
 }
 
-/* One fused Linear for the layer loop: the C product's blocked weights and its rescale, and its deltas. */
-typedef struct {
-    const int8_t *w;
-    const int32_t *wsum;
-    int64_t m, kp;
-    const float *sw, *bias;
-    const lora_w *lw;  /* NULL: no gated delta */
-} lin_c;
-
-typedef struct {
-    const float *ln1, *ln2;
-    float eps1, eps2;
-    lin_c qkv, o, gu, down;
-} layer_c;
 
 static inline void lin_run(const lin_c *L, int amx, const uint8_t *xq, int64_t n, const float *sx, const float *res,
                            int64_t ldr, float *y, const float *h, int64_t ldh, const int64_t *grows, int64_t ng) {
@@ -321,7 +289,7 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
                 int64_t KV, int64_t hd, float *kbase, float *vbase, int64_t cap, int64_t C, const float *cos,
                 const float *sin, const uint8_t *allowed, const int64_t *grows, int64_t ng, int amx) {
     const int64_t n = b * W, F = (H + 2 * KV) * hd, A = H * hd, lstride = b * KV * cap * hd;
-    const int64_t kmax = (D > I ? D : I) > A ? (D > I ? D : I) : A, kpmax = (kmax + 63) / 64 * 64;
+    const int64_t kmax = (D > I ? D : I) > A ? (D > I ? D : I) : A, kpmax = (kmax + MARS_PAD - 1) / MARS_PAD * MARS_PAD;
     if (n > MAXROWS / 2 || ng > MAXROWS / 2) return 1;
     float *h = (float *)malloc((size_t)(n * kmax) * 4), *qkv = (float *)malloc((size_t)(n * F) * 4);
     float *att = (float *)malloc((size_t)(n * A) * 4), *gu = (float *)malloc((size_t)(n * 2 * I) * 4);
@@ -359,4 +327,3 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
     free(h); free(qkv); free(att); free(gu); free(xq);
     return 0;
 }
-"""
