@@ -82,6 +82,10 @@ def _words(name: str, raw: str) -> frozenset[str]:
     return frozenset(raw.replace(",", " ").split())
 
 
+def _flags(name: str, raw: str) -> tuple[str, ...]:
+    return tuple(raw.split())  # in order: compiler flags
+
+
 def _names(name: str, raw: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in raw.split(",") if n.strip())
     if not names:
@@ -207,6 +211,9 @@ class Settings:
     cpu_flags: frozenset[str] | None = setting(
         "MARS_CPU_FLAGS", None, "this CPU's feature flags, space- or comma-separated, to run as a smaller "
         "CPU would (an AVX2-only one)", _words, shown="/proc/cpuinfo's")
+    c_flags: tuple[str, ...] = setting(
+        "MARS_C_FLAGS", (), "extra compiler flags for every build of the C kernels (the sanitizer run of their "
+        "tests)", _flags, shown="none")
     static_compile: bool = setting(
         "MARS_STATIC_COMPILE", False, "the static backend's step also runs through torch.compile", _switch)
     hf_hub_offline: bool = setting(

@@ -102,13 +102,13 @@ def test_paper_checkpoint_loader_installs_or_explains(tiny_lm, monkeypatch):
     assert "&lt;b&gt;cannot&lt;/b&gt; be reached" in html and len(installed) == 1
 
 
-def test_model_panel_names_what_int8_runs_on(ui, monkeypatch):
+def test_model_panel_names_what_int8_runs_on(ui, monkeypatch, env):
     """The backend row says whether int8 runs on the C kernels (and which ISA) or on the tensor fallback, and why."""
     from mars.runtime import kernels
 
-    monkeypatch.delenv("MARS_BACKEND", raising=False)  # the app's default, auto-int8: fast-int8 on a CPU
+    env.unset("MARS_BACKEND")  # the app's default, auto-int8: fast-int8 on a CPU
     _, table, *_ = ui.model_info()
     assert "fast-int8" in table and f"int8 runs on {kernels.status()}" in table
-    monkeypatch.setenv("MARS_C_KERNELS", "0")
+    env.set("MARS_C_KERNELS", "0")
     _, table, *_ = ui.model_info()
     assert "int8 runs on tensor fallback: MARS_C_KERNELS=0" in table

@@ -177,7 +177,7 @@ def test_a_broken_source_fails_the_build_with_the_compilers_error(tmp_path):
     assert not list((tmp_path / "out").glob("*.so"))  # nothing half-built is left to load
 
 
-def test_a_failed_build_warns_once_says_so_in_status_and_fails_the_gate(monkeypatch, tmp_path):
+def test_a_failed_build_warns_once_says_so_in_status_and_fails_the_gate(monkeypatch, tmp_path, env):
     """Through kernels(), as the app and the CLI meet it: a compiler that fails (here a script that always
     does) gives one RuntimeWarning with its error, status() 'tensor fallback: ...', and a `needs_c` test
     fails with that message instead of skipping."""
@@ -189,8 +189,8 @@ def test_a_failed_build_warns_once_says_so_in_status_and_fails_the_gate(monkeypa
     cc.chmod(0o755)
     monkeypatch.setattr(ck, "_STATE", {})
     monkeypatch.setenv("CC", str(cc))
-    monkeypatch.setenv("MARS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("MARS_C_KERNELS", raising=False)
+    env.set("MARS_CACHE", str(tmp_path / "cache"))
+    env.unset("MARS_C_KERNELS")
     with pytest.warns(RuntimeWarning, match="did not build.*deliberately broken"):
         assert ck.kernels() is None
     with warnings.catch_warnings():
@@ -201,7 +201,7 @@ def test_a_failed_build_warns_once_says_so_in_status_and_fails_the_gate(monkeypa
     item = types.SimpleNamespace(get_closest_marker=lambda name: object() if name == "needs_c" else None)
     with pytest.raises(pytest.fail.Exception, match="did not build: failing-cc failed"):
         conftest.pytest_runtest_setup(item)
-    monkeypatch.setenv("MARS_C_KERNELS", "0")
+    env.set("MARS_C_KERNELS", "0")
     assert ck.status() == "tensor fallback: MARS_C_KERNELS=0"
     with pytest.raises(pytest.skip.Exception, match="MARS_C_KERNELS=0"):
         conftest.pytest_runtest_setup(item)
@@ -236,15 +236,15 @@ def test_kernel_tests_pass_under_address_and_undefined_behaviour_sanitizers(tmp_
     assert list((tmp_path / "cache" / "kernels").glob("*.so")), "the sanitizer build was not made"
 
 
-def test_cli_says_in_one_line_when_int8_falls_back(tiny_dir, monkeypatch, capsys):
+def test_cli_says_in_one_line_when_int8_falls_back(tiny_dir, monkeypatch, capsys, env):
     from mars import cli
 
-    monkeypatch.setenv("MARS_C_KERNELS", "0")
+    env.set("MARS_C_KERNELS", "0")
     assert cli.main(["generate", "hi", "--model", str(tiny_dir), "--adapter", "none", "--backend", "fast-int8",
                      "--max-new-tokens", "2"]) == 0
     said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("int8:")]
     assert said == ["int8: tensor fallback: MARS_C_KERNELS=0; about 2x slower than the C kernels"]
-    monkeypatch.delenv("MARS_C_KERNELS")
+    env.unset("MARS_C_KERNELS")
     assert cli.main(["generate", "hi", "--model", str(tiny_dir), "--adapter", "none", "--backend", "hf",
                      "--max-new-tokens", "2"]) == 0
     assert "int8:" not in capsys.readouterr().err  # not an int8 run: nothing to say

@@ -115,17 +115,17 @@ def test_int8_matrix_steps_with_and_without_the_c_loops(n):
     torch.testing.assert_close(down.add_silu_to(res, gu), res + plain_down(a[None]), rtol=1e-5, atol=1e-5)
 
 
-def test_without_a_compiler_the_tensor_ops_run(monkeypatch, tmp_path):
+def test_without_a_compiler_the_tensor_ops_run(monkeypatch, tmp_path, env):
     monkeypatch.setattr(ck, "_STATE", {})
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setenv("MARS_CACHE", str(tmp_path))
+    env.set("MARS_CACHE", str(tmp_path))
     assert ck.kernels() is None and "does not run" in ck.unavailable_reason()
     mods = fused_linear([(40, 64)])
     lin = Int8Linear(mods)
     assert lin._lib is None
     x = rows(2, 64)
     torch.testing.assert_close(lin(x), reference_linear(x, mods[0].weight.detach()), rtol=1e-5, atol=1e-5)
-    monkeypatch.setenv("MARS_C_KERNELS", "0")
+    env.set("MARS_C_KERNELS", "0")
     assert ck.kernels() is None and ck.unavailable_reason() == "MARS_C_KERNELS=0"
 
 

@@ -168,10 +168,6 @@ def test_python_m_mars_settings_prints_the_table(capsys):
 
 
 # ------------------------------------------------------------------ nothing else reads a MARS_ variable
-# Being converted by the engineers rewriting them (kernels, GGUF loading): they still read MARS_CACHE,
-# MARS_CPU_FLAGS, MARS_AMX, MARS_C_KERNELS, MARS_GGUF and HF_HUB_OFFLINE themselves. Remove once they ask
-# mars.settings.
-NOT_YET_CONVERTED = {"mars/runtime/kernels.py"}
 
 
 def env_reads(source: str) -> list[tuple[int, str]]:
@@ -231,7 +227,7 @@ def test_only_the_settings_module_reads_mars_variables():
     reads = {}
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "mars/settings.py" or rel in NOT_YET_CONVERTED:
+        if rel == "mars/settings.py":
             continue
         if found := env_reads(path.read_text()):
             reads[rel] = found

@@ -45,6 +45,7 @@ from typing import Sequence
 
 import torch
 
+from mars import settings
 from mars.runtime.c_header import Header, parse
 
 CSRC = Path(__file__).with_name("csrc")  # the C sources, shipped as package data
@@ -64,13 +65,13 @@ _STATE: dict = {}  # "build": this process's Build (made by the first kernels() 
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("MARS_CACHE") or Path.home() / ".cache" / "mars-playground") / "kernels"
+    return settings.get().cache / "kernels"
 
 
 def _arch_flags() -> list[str]:
     from mars.runtime.cpu import cpu_flags
 
-    if os.environ.get("MARS_CPU_FLAGS") and "avx512f" not in (cpu_flags() or set()):
+    if settings.get().cpu_flags and "avx512f" not in (cpu_flags() or set()):
         return ["-mavx2", "-mfma", "-mf16c"]  # the suite's AVX2-only run: code that an AVX2 CPU can run
     return ["-march=native"]
 
@@ -88,7 +89,7 @@ def compile_flags() -> list[str]:
 
 def env_flags() -> list[str]:
     """MARS_C_FLAGS: flags added to every build of this process (the sanitizer run of the kernel tests)."""
-    return os.environ.get("MARS_C_FLAGS", "").split()
+    return list(settings.get().c_flags)
 
 
 def compiler() -> str | None:
@@ -180,14 +181,14 @@ def load(lib: Path, header: Header | None = None) -> Build:
     except (OSError, AttributeError) as e:
         return Build(None, f"could not load {lib}: {e}", lib)
     # AMX where built for it, the OS grants the tiles, and MARS_AMX is not 0; else the VNNI / AVX2 product
-    so.amx = bool(so.mars_has_amx()) and os.environ.get("MARS_AMX", "1") != "0" and bool(so.mars_amx_init())
+    so.amx = bool(so.mars_has_amx()) and settings.get().amx and bool(so.mars_amx_init())
     return Build(so, "", lib)
 
 
 def kernels() -> ctypes.CDLL | None:
     """The compiled library (built on the first call in this process), or None where it cannot be built
     or `MARS_C_KERNELS=0`; `unavailable_reason()` then says why. A failed build warns once."""
-    if os.environ.get("MARS_C_KERNELS", "1") == "0":
+    if not settings.get().c_kernels:
         return None
     with _LOCK:
         if "build" not in _STATE:
@@ -199,7 +200,7 @@ def kernels() -> ctypes.CDLL | None:
 
 
 def unavailable_reason() -> str | None:
-    if os.environ.get("MARS_C_KERNELS", "1") == "0":
+    if not settings.get().c_kernels:
         return "MARS_C_KERNELS=0"
     return None if kernels() is not None else _STATE["build"].why
 
@@ -207,7 +208,7 @@ def unavailable_reason() -> str | None:
 def skip_reason() -> str | None:
     """Why the kernels are not expected here (switched off, or no C compiler), else None. A test that needs
     them skips for this reason only: where a compiler exists and the build fails, it fails."""
-    if os.environ.get("MARS_C_KERNELS", "1") == "0":
+    if not settings.get().c_kernels:
         return "MARS_C_KERNELS=0"
     return None if compiler() is not None else "no C compiler (cc/gcc) on PATH"
 
