@@ -264,23 +264,35 @@ def flood(url, clients: int, max_new: int, deadline_s: float) -> dict:
             "alive": sum(t.is_alive() for t in threads), "seconds": time.perf_counter() - t0}
 
 
+def slow_backend(delay: float):
+    """The decoder's default backend, `delay` s slower per pass: handed to the served app's holder, so that
+    runs last long enough for its queue to fill."""
+    from mars.decoding.decoder import make_runner
+
+    def make(model, cfg, batch, capacity):
+        runner = make_runner(model, cfg, batch, capacity)
+        forward = runner.forward
+
+        def slow_forward(*args, **kwargs):
+            time.sleep(delay)
+            return forward(*args, **kwargs)
+
+        runner.forward = slow_forward
+        return runner
+
+    return make
+
+
 @pytest.mark.parametrize("clients,queue_size", [
     (32, 4),
     pytest.param(256, 16, marks=pytest.mark.slow),
 ])
-def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(monkeypatch, clients, queue_size, env):
+def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(clients, queue_size, env):
     lm = make_loaded()
-    real = serving.stream
-
-    def slow(*args, **kwargs):  # ~20 ms a pass: runs last long enough for the queue to fill
-        for rec in real(*args, **kwargs):
-            time.sleep(0.02)
-            yield rec
-
-    monkeypatch.setattr(serving, "stream", slow)
     env.set("MARS_QUEUE_SIZE", str(queue_size))
     env.set("MARS_CONCURRENCY", "2")
     demo, url = serve(lambda: lm)
+    demo.mars_app.holder.backend = slow_backend(0.02)  # ~20 ms a pass: runs last long enough for the queue to fill
     try:
         out = flood(url, clients, max_new=24, deadline_s=300)
         refused, served, errors = out["refused"], out["served"], out["errors"]
@@ -302,23 +314,16 @@ def test_a_flood_beyond_the_queue_is_told_busy_and_the_queue_is_served_exactly(m
         demo.close()
 
 
-def test_a_full_queue_says_busy_try_again_to_clients_and_in_the_page(browser, monkeypatch, env):
+def test_a_full_queue_says_busy_try_again_to_clients_and_in_the_page(browser, env):
     """What a refused visitor reads: gradio_client's QueueError and the page's toast both say to try again."""
     from gradio_client.utils import QueueError
 
     lm = make_loaded()
     lm.model.generation_config.eos_token_id = []  # runs last until max new tokens
-    real = serving.stream
-
-    def slow(*args, **kwargs):
-        for rec in real(*args, **kwargs):
-            time.sleep(0.05)
-            yield rec
-
-    monkeypatch.setattr(serving, "stream", slow)
     env.set("MARS_QUEUE_SIZE", "1")
     env.set("MARS_CONCURRENCY", "1")
     demo, url = serve(lambda: lm)
+    demo.mars_app.holder.backend = slow_backend(0.05)
     try:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url)

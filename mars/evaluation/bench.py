@@ -176,7 +176,8 @@ def _hf_generate(lm, batch: list[list[int]], max_new: int, lookup: int = 0):
     return outs, rows, RunTotals(runs=len(outs), tokens=sum(len(o) for o in outs), passes=sum(rows))
 
 
-def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto", repeat_tau=DEFAULT_REPEAT_TAU):
+def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend="auto", repeat_tau=DEFAULT_REPEAT_TAU,
+                     runner=None):
     from mars.decoding.decoder import DecodeConfig, generate_ids
 
     mode, _, other = mode.partition("@")  # "mars@fast-int8": the same method on another backend
@@ -191,7 +192,7 @@ def _run_on_the_core(lm, batch, mode, tau, block, cache_block, max_new, backend=
         from mars.models.datastore import shipped_store
 
         lm.datastore = shipped_store()  # the table the decoder drafts from (None: unreadable, masks and text only)
-    runs = generate_ids(lm, batch, cfg)
+    runs = generate_ids(lm, batch, cfg, backend=runner)
     return [r.token_ids for r in runs], [r.passes for r in runs], RunTotals.of(runs)
 
 
@@ -229,8 +230,11 @@ def _drop(plan: list, key: tuple, err: Exception, status: dict | None, failed: d
     plan.remove(key)
 
 
-def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -> list[Run]:
+def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None, runner=None) -> list[Run]:
     """Time every (method, tau) on every batch of prompts.
+
+    runner: what runs the model for the core's methods (decode_steps' `backend`); None: the backend each run
+    names (cfg.backend, or the one after "@").
 
     Ctrl-C stops it early: it returns what every method finished side by side (whole batches), and fills
     `status` (when given) with {"interrupted": bool, "finished": {batch size: prompts done}}.
@@ -256,7 +260,7 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None) -
             if method in ("hf", "lookup"):
                 return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
             return _run_on_the_core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend,
-                                    cfg.repeat_tau)
+                                    cfg.repeat_tau, runner)
 
         # warm-up; off the CPU with the whole first batch: the static backend captures a CUDA graph per
         # (batch, width) on first use, which must not land inside the timed runs
