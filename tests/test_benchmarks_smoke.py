@@ -145,3 +145,19 @@ def test_stutter_table(tmp_path):
     assert len(rows) == 5 and rows[0][0] == "off" and rows[3][0] == "guard"
     assert rows[4][1:5] == ["0.70", "1.750", "1.100", "1.200"]  # the guard's point; off at its speed: 2.4 / 2.0
     assert json.loads(out.read_text())["guard"][1]["nll_x_bare"] == pytest.approx(1.1)
+
+
+def test_same_records(tiny_dir, tmp_path):
+    """Two recordings of the same commit are identical; a changed token is reported and fails the compare."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        bench("same_records", "--model", tiny_dir, "--out", out, "--limit", 2, "--max-new-tokens", 8,
+              "--taus", 0.5, "--backends", "fast", "--threads", 1)
+    text = bench("same_records", "--compare", a, b)
+    assert text.splitlines()[-1] == "all identical" and text.count("identical") == 6  # 5 methods + the verdict
+    runs = json.loads(b.read_text())
+    runs[1]["outputs"][0][0] += 1
+    b.write_text(json.dumps(runs))
+    r = subprocess.run([sys.executable, "-m", "benchmarks.same_records", "--compare", str(a), str(b)], cwd=ROOT,
+                       capture_output=True, text=True, env=ENV)
+    assert r.returncode == 1 and "DIFFERENT" in r.stdout and r.stdout.splitlines()[-1] == "some runs differ"
