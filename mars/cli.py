@@ -316,7 +316,7 @@ def cmd_bench(args) -> int:
     from tqdm.auto import tqdm
 
     from mars.evaluation.bench import (BenchConfig, by_kind, compare_rows, format_by_kind, format_compare, format_table,
-                            read_prompts, run_bench, spread_indices, to_json)
+                                       narrow_pass_warnings, read_prompts, run_bench, spread_indices, to_json)
     from mars.models.loading import load
 
     _prepare_out(args.out)
@@ -336,6 +336,8 @@ def cmd_bench(args) -> int:
     runs = run_bench(lm, cfg, progress=lambda *a: bar.update(1), status=status)
     bar.close()
     print(format_table(runs))
+    for line in narrow_pass_warnings(runs):
+        print(line, file=sys.stderr)
     if status["interrupted"]:
         done = ", ".join(f"batch size {bs}: {n} of {status['total']} prompts" for bs, n in status["finished"].items())
         print(f"interrupted: counted only what every method finished ({done})", file=sys.stderr)

@@ -188,6 +188,29 @@ def test_compare_rows_counts_wins_per_kind():
     assert "rewrite" in format_compare(rows, "mars", "lookup")
 
 
+def test_narrow_pass_warning_when_ar_costs_more_per_pass_than_mars_tau_1():
+    from mars.evaluation.bench import Run, ms_per_pass, narrow_pass_warnings
+
+    def run(method, tau, passes, wall_s, batch=1):
+        return Run(method, tau, batch, 4, 48, passes, 48 / passes, wall_s, 48 / wall_s)
+
+    # AR: 48 passes in 1.8 s = 37.5 ms a pass; MARS tau 1.0: 24 passes in 0.6 s = 25 ms a pass
+    slow_ar = [run("ar", None, 48, 1.8), run("mars", 1.0, 24, 0.6), run("mars", 0.9, 12, 0.2)]
+    assert ms_per_pass(slow_ar[0]) == pytest.approx(37.5)
+    (line,) = narrow_pass_warnings(slow_ar)
+    assert line.startswith("warning:") and "37.5 ms" in line and "25.0 ms" in line and "1.50x" in line
+    assert "batch 1" in line and " on " not in line
+    # AR at most MARS tau 1.0's cost a pass (equal included): quiet; tau 0.9 alone is never the reference
+    assert narrow_pass_warnings([run("ar", None, 48, 1.2), run("mars", 1.0, 24, 0.6)]) == []
+    assert narrow_pass_warnings([run("ar", None, 48, 1.8), run("mars", 0.9, 12, 0.2)]) == []
+    assert narrow_pass_warnings([run("ar", None, 48, 1.8)]) == []
+    # each backend against its own MARS, each batch size against its own
+    runs = [run("ar", None, 48, 1.2), run("mars", 1.0, 24, 0.6), run("ar@fast-int8", None, 48, 1.8),
+            run("mars@fast-int8", 1.0, 24, 0.6), run("ar", None, 48, 1.8, batch=2), run("mars", 1.0, 24, 0.3)]
+    (line,) = narrow_pass_warnings(runs)
+    assert "on fast-int8 at batch 1" in line
+
+
 def test_by_kind_reports_each_kind_against_ar():
     from mars.evaluation.bench import Run, by_kind, format_by_kind
 

@@ -342,6 +342,34 @@ def format_table(runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+def ms_per_pass(run: Run) -> float:
+    """Wall milliseconds per forward pass (passes summed over rows, as `Run.passes`)."""
+    return 1e3 * run.wall_s / max(1, run.passes)
+
+
+def narrow_pass_warnings(runs: list[Run]) -> list[str]:
+    """A warning line for each backend and batch size where core AR's ms per pass exceeds MARS tau 1.0's in
+    this run: an AR pass feeds 1 input per row, a MARS pass 2 or more, so a 1-input pass that costs more means
+    the backend's route for narrow passes is the slow one (issue 41: float32's were MKL's, now oneDNN's;
+    benchmarks/pass_cost.py measures it by width). Both sides ran in this run, interleaved, so a background
+    load falls on both alike; no margin is taken."""
+    lines = []
+    for ar in runs:
+        method, at, backend = ar.method.partition("@")
+        if method != "ar":
+            continue
+        mars = next((r for r in runs if r.method == "mars" + at + backend and r.tau == 1.0
+                     and r.batch_size == ar.batch_size), None)
+        if mars is None or ms_per_pass(ar) <= ms_per_pass(mars):
+            continue
+        where = f" on {backend}" if backend else ""
+        lines.append(f"warning: core AR ran {ms_per_pass(ar):.1f} ms per pass, MARS tau 1.0 "
+                     f"{ms_per_pass(mars):.1f} ms ({ms_per_pass(ar) / ms_per_pass(mars):.2f}x){where} at batch "
+                     f"{ar.batch_size}: a 1-input pass costs more than a wider one, a slow route for narrow passes "
+                     f"(python -m benchmarks.pass_cost)")
+    return lines
+
+
 def compare_rows(runs: list[Run], a: tuple[str, float | None], b: tuple[str, float | None],
                  kinds: list[str | None] | None = None, batch_size: int = 1) -> list[dict]:
     """Where method a wins and loses against method b, prompt by prompt (tokens per forward of each row).
