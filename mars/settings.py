@@ -23,7 +23,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 from mars.runtime.names import BACKENDS, DEVICES
 
@@ -93,24 +93,14 @@ def _names(name: str, raw: str) -> tuple[str, ...]:
     return names
 
 
-def _choice(choices: Callable[[], tuple[str, ...]], lower: bool = False):
-    """A parser for one of `choices()`, asked only when the variable is set (the lists live in heavier
-    modules: mars.runtime.backends imports torch)."""
+def _choice(choices: tuple[str, ...], lower: bool = False):
+    """A parser for one of `choices` (mars.runtime.names: the lists, with nothing imported)."""
     def parse(name: str, raw: str) -> str:
         value = raw.lower() if lower else raw
-        allowed = choices()
-        if value not in allowed:
-            raise _bad(name, f"one of {', '.join(allowed)}", raw)
+        if value not in choices:
+            raise _bad(name, f"one of {', '.join(choices)}", raw)
         return value
     return parse
-
-
-def _backends() -> tuple[str, ...]:
-    return BACKENDS
-
-
-def _devices() -> tuple[str, ...]:
-    return DEVICES
 
 
 def _hf_true(name: str, raw: str) -> bool:
@@ -145,10 +135,10 @@ class Settings:
         "folder; one that does not fit falls back to the bare model, with a warning in the page", _text)
     device: str = setting(
         "MARS_DEVICE", "auto", "where the model runs: auto (CUDA when torch sees a GPU), cpu or cuda",
-        _choice(_devices, lower=True))
+        _choice(DEVICES, lower=True))
     backend: str = setting(
         "MARS_BACKEND", "auto-int8", "what runs the model (mars.runtime.backends.BACKENDS); auto-int8: int8 "
-        "matrices on a CPU, transformers elsewhere; auto keeps float32", _choice(_backends))
+        "matrices on a CPU, transformers elsewhere; auto keeps float32", _choice(BACKENDS))
     threads: int | None = setting(
         "MARS_THREADS", None, "torch threads for each forward pass", _whole, shown="every core")
     concurrency: int = setting("MARS_CONCURRENCY", 2, "generations that run at once", _whole)

@@ -92,9 +92,14 @@ def env_flags() -> list[str]:
     return list(settings.get().c_flags)
 
 
+def _named_compiler() -> str | None:
+    """$CC (the compiler's own variable), else cc or gcc on PATH: what a build runs."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def compiler() -> str | None:
     """The C compiler the kernels are built with: $CC, else cc or gcc on PATH; None where there is none."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = _named_compiler()
     return cc if cc and shutil.which(cc) else None
 
 
@@ -128,7 +133,7 @@ def build(sources: Path = CSRC, out_dir: Path | None = None, extra_flags: Sequen
     the cache folder) with compile_flags() + extra_flags, OpenMP where the compiler has it, and loaded;
     `header` (default: this package's) declares its functions. A library already built with the same sources,
     flags, compiler and CPU is loaded as it is."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = _named_compiler()
     if not cc:
         return Build(None, "no C compiler (cc/gcc) on PATH")
     try:
