@@ -8,7 +8,7 @@ Each pass runs against a cached prefix of --prompt-len tokens, reads the logits 
 does), then drops its KV. Backends and widths are interleaved round by round in one process, so a
 background load on the machine falls on all of them alike; the median and the minimum over rounds are
 reported. `fast:<layout>` runs the fast path with one matrix layout (mars.runtime.fastpath.LAYOUTS): `linear`
-(the model's own matrices, MKL), `packed` (oneDNN-packed copies), `auto` (linear for <= 2 rows, else packed).
+(the model's own matrices, MKL), `packed` (oneDNN-packed copies), `auto` (packed where oneDNN runs, else linear).
 
     python -m benchmarks.pass_cost --threads 1
     python -m benchmarks.pass_cost --backends hf fast fast:linear fast:packed fast-bf16 floor --rounds 20
@@ -33,9 +33,8 @@ from mars.runtime.fastpath import fast_model
 
 
 class Floor:
-    """Only the pass's matrix products, run by the fast path's own kernels (the model's matrices for 1-2 rows,
-    the packed fused copies for more), LM head included: the time to stream the weights once, the floor
-    under any exact float32 pass of this width. The gap between `fast` and this row is its overhead."""
+    """Only the pass's matrix products, run by the fast path's own kernels (the packed fused copies), LM head
+    included: the time to stream the weights once, the floor under any exact float32 pass of this width. The gap between `fast` and this row is its overhead."""
 
     def __init__(self, model, weight_dtype: torch.dtype | None = None):
         from mars.runtime.fastpath import FastLM

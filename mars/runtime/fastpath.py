@@ -10,11 +10,11 @@ frequency table comes out the same) and rotates q and k together, attention is P
 grouped KV heads and a mask built once per pass (none at all when every query sees every key, as in AR
 at batch 1), and the LM head runs only on the rows the caller keeps.
 
-Matrices (`Linear`): a pass of 1 or 2 rows runs `F.linear` on the model's own matrices (MKL's gemv,
-as fast as memory allows, and no copy); a wider pass runs oneDNN on a copy packed once, with q/k/v and
-gate/up fused into one matrix each, because MKL's sgemm repacks the weight on every call: 4 rows cost
-~1.6x one row there, ~1.1x on the packed copy. The price is one more copy of the model's matrices in
-memory (~540 MB for SmolLM2-135M in float32). `benchmarks/pass_cost.py` measures all of this.
+Matrices (`Linear`): every pass runs oneDNN on a copy packed once, with q/k/v and gate/up fused into one
+matrix each. MKL on the model's own matrices is slower at every width: its sgemm repacks the weight on
+every call (4 rows cost ~1.6x one row there, ~1.1x on the packed copy), and its 1-row gemv ran on one
+thread of two (mars.runtime.linear, `Linear._base`). The price is one more copy of the model's matrices
+in memory (~540 MB for SmolLM2-135M in float32). `benchmarks/pass_cost.py` measures all of this.
 
 Numerics follow transformers' (RMSNorm in float32, the model's rotary table), so logits agree to
 rounding (relative ~1e-5 in float32, ~1e-15 in float64): only the order of sums differs.

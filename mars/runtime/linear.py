@@ -15,18 +15,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
-SMALL_ROWS = 2  # passes of up to this many rows (batch x width) use the model's own matrices
-
-
 class Linear:
     """y = x @ W.T (+ b) for one or several of the model's Linear modules side by side (fused outputs).
 
-    Two ways to run it, picked per call by the number of rows:
-      rows <= SMALL_ROWS : `F.linear` on the model's own matrices (no copy): MKL's gemv, the fastest for 1 row
-      more rows          : oneDNN matmul on a fused copy packed once (`mkldnn._reorder_linear_weight`):
-                           MKL's sgemm repacks the weight on every call, which doubles a 4-row pass
-    layout "linear" never copies (own matrices only), "packed" always uses the packed copy. A weight dtype
-    other than the model's (bfloat16) always runs packed, or on a converted copy where oneDNN is missing.
+    Two ways to run it, picked by the layout:
+      "auto", "packed" : oneDNN matmul on a fused copy packed once (`mkldnn._reorder_linear_weight`), every
+                         pass, 1 row included (see `_base` for why not MKL for few rows)
+      "linear"         : `F.linear` on the model's own matrices (no copy; MKL), as benchmarks compare it
+    Where oneDNN is missing (a GPU, no mkldnn) "auto" runs the model's own matrices. A weight dtype other than
+    the model's (bfloat16) always runs packed, or on a converted copy where oneDNN is missing.
     """
 
     def __init__(self, mods: list, layout: str, dtype: torch.dtype, lora: tuple | None = None):
@@ -37,7 +34,7 @@ class Linear:
         can_pack = (dtype in (torch.float32, torch.bfloat16) and w0.device.type == "cpu"
                     and torch.backends.mkldnn.is_available())
         pack = can_pack and (layout == "packed" or (layout == "auto" and dtype == w0.dtype) or dtype != w0.dtype)
-        own = layout != "packed" and dtype == w0.dtype
+        own = not pack and dtype == w0.dtype  # no copy; references, not copies, of the model's matrices
         self.parts = None  # [(weight, bias)] used by F.linear
         if own:
             self.parts = [(m.weight.detach(), None if m.bias is None else m.bias.detach()) for m in mods]
@@ -85,9 +82,15 @@ class Linear:
         g, u = gu.chunk(2, dim=-1)
         return self.add_to(res, F.silu(g) * u, gate)
 
+    # Why the packed copy for 1 and 2 rows too (SmolLM2-135M, float32, 2 threads, an AVX2 AMD EPYC): MKL's route
+    # there was the slow one. For 1 row `F.linear` is MKL's gemv, which ran on one thread (cpu/wall 1.0): the LM
+    # head 8.3 ms vs 4.5 ms on the packed copy; for 2 rows it is MKL's sgemm, which repacks the weight on every
+    # call: the head 18 ms, 4x the packed copy's. A whole pass cost 37 ms at 1 row and 61 ms at 2 against 21 ms
+    # at 5 rows (benchmarks/pass_cost.py), so core AR ran slower per pass than MARS. On one thread the packed
+    # copy costs about what the gemv does at 1 row, and less at 2.
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
-        if self.packed is not None and (self.parts is None or x.numel() > SMALL_ROWS * x.shape[-1]):
+        if self.packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "")
         else:
             xs = x.to(self.dtype)
