@@ -120,6 +120,14 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
             for stat, fn in (("median", statistics.median), ("min", min))}
 
 
+def costlier_than_wider(row: dict[int, float], margin: float = 1.0) -> list[tuple[int, int, float]]:
+    """(W, wider W', cost ratio) wherever a W-input pass costs more than `margin` times a wider one's: a pass
+    reads the same weights whatever its width, so a narrower one costing more is a slow route for its width
+    (issue 41: float32's 1- and 2-input passes on MKL)."""
+    ws = sorted(row)
+    return [(w, v, row[w] / row[v]) for i, w in enumerate(ws) for v in ws[i + 1:] if row[w] > margin * row[v]]
+
+
 def format_table(result: dict, widths: list[int]) -> str:
     head = f"{'backend':<24}" + "".join(f"{'W=' + str(W):>16}" for W in widths)
     lines = [head, "-" * len(head)]
@@ -173,6 +181,9 @@ def main(argv=None) -> int:
         print(f"\nms per pass ({stat} of {args.rounds} rounds) and ratio to the {args.widths[0]}-input pass; "
               f"{args.threads} thread(s), cached prefix {args.prompt_len}")
         print(format_table(result[stat], args.widths))
+    for name, row in result["min"].items():
+        for w, v, ratio in costlier_than_wider(row):
+            print(f"warning: {name}: a {w}-input pass costs {ratio:.2f}x a {v}-input one (min of rounds)")
     if args.out:
         Path(args.out).write_text(json.dumps({"threads": args.threads, "prompt_len": args.prompt_len,
                                               "ms_per_pass": result}, indent=2))
