@@ -120,11 +120,11 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
             for stat, fn in (("median", statistics.median), ("min", min))}
 
 
-# A narrower pass may cost up to this times a wider one before it counts as a slow route. Measured with the
-# minimum of 10 rounds, 2 threads, on a shared 2-core machine under another process's full load: the fast
-# path's worst narrow/wider ratio over 8 backend tables was 0.92-1.01 in 6, and 1.15 and 1.21 in the two with a
-# load spike; the slow route of issue 41 (float32's 2-input pass on MKL) measured 1.6-1.8 against 5 inputs in
-# every table.
+# A narrower pass may cost up to this times a wider one before it counts as a slow route. The worst
+# narrow/wider ratio (min of 10 rounds, 2 threads, widths 1 2 5 9, default model) of the fixed code: 0.75-1.01
+# over 12 tables on a quiet 2-core machine, 0.92-1.21 over 8 under another process's full load (1.15 and 1.21
+# where a load spike hit); the slow route of issue 41 (float32's 2-input pass on MKL): 1.57-1.86 in every
+# table, quiet or loaded.
 MARGIN = 1.3
 
 

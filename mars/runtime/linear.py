@@ -82,12 +82,13 @@ class Linear:
         g, u = gu.chunk(2, dim=-1)
         return self.add_to(res, F.silu(g) * u, gate)
 
-    # Why the packed copy for 1 and 2 rows too (SmolLM2-135M, float32, 2 threads, an AVX2 AMD EPYC): MKL's route
-    # there was the slow one. For 1 row `F.linear` is MKL's gemv, which ran on one thread (cpu/wall 1.0): the LM
-    # head 8.3 ms vs 4.5 ms on the packed copy; for 2 rows it is MKL's sgemm, which repacks the weight on every
-    # call: the head 18 ms, 4x the packed copy's. A whole pass cost 37 ms at 1 row and 61 ms at 2 against 21 ms
-    # at 5 rows (benchmarks/pass_cost.py), so core AR ran slower per pass than MARS. On one thread the packed
-    # copy costs about what the gemv does at 1 row, and less at 2.
+    # Why the packed copy for 1 and 2 rows too (issue 41; SmolLM2-135M, float32, 2 threads, an AVX2-only AMD EPYC,
+    # quiet): MKL's routes there were the slow ones. For 1 row `F.linear` is MKL's gemv, which runs the LM head
+    # on one thread (cpu/wall 1.00): 8.8 ms against 4.9 on the packed copy; for 2 rows it is MKL's sgemm, which
+    # repacks the weight on every call: the head 20.2 ms against 6.2. A whole pass (benchmarks/pass_cost.py,
+    # min of 10 rounds, old and new side by side) cost 46-48 ms at 1 row and 81-82 at 2 against 44-46 at 5 rows;
+    # on the packed copy 34-35 at 1 row and 36-39 at 2, so core AR no longer costs more a pass than MARS. On
+    # 1 thread the packed copy costs what the gemv does at 1 row (46 ms) and less at 2 (51 against 80).
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         in_dtype = x.dtype
         if self.packed is not None:
