@@ -14,6 +14,9 @@ which keys each window input may attend to. Backends:
   fast-int8 fast, with int8 matrices (mars.runtime.quant): a quarter of the bytes; its own model, whose greedy
             text the lossless modes then reproduce exactly (batch = alone, verified = its AR)
   static    mars.runtime.static: the fast path at fixed padded shapes, replayed as CUDA graphs on a GPU
+  static-device  the static pass inside a whole decoding step on the device (mars.decoding.device_step,
+            mars.runtime.step_runner): the decoder reads the device once per k steps; a plain runner of this
+            name (a caller that wants passes, not steps) is `static`
   auto      where the model is supported: fast on the CPU, static on a GPU; else hf
   auto-int8 as auto, but fast-int8 on the CPU (the app's default: MARS_BACKEND)
 """
@@ -116,10 +119,19 @@ def make_backend(model, name: str, batch: int, capacity: int, use_cache: bool = 
     name = resolve_backend(model, name)
     if name == "hf":
         return HFBackend(model, use_cache)
-    if name == "static":
+    if name in ("static", "static-device"):
         from mars.runtime.static import StaticBackend
 
         return StaticBackend(model, batch, capacity)
     from mars.runtime.fastpath import fast_model
 
     return FastBackend(fast_model(model, WEIGHT_DTYPES.get(name)), batch, capacity)
+
+
+def make_step_runner(model, cfg, batch: int, capacity: int, scratch: int):
+    """The device step's runner (mars.runtime.step_runner) for one run of `batch` rows: `capacity` real columns
+    and `scratch` more for what a step never keeps."""
+    resolve_backend(model, "static-device")  # a model the fast path cannot run is refused, saying why
+    from mars.runtime.step_runner import make_step_runner as make
+
+    return make(model, cfg, batch, capacity, scratch)

@@ -2,6 +2,6 @@
 them (mars.settings), the backends and the device setting act on them."""
 
 # what runs the model (mars.runtime.backends says what each one is)
-BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8", "static")
+BACKENDS = ("auto", "fast", "hf", "fast-bf16", "fast-int8", "auto-int8", "static", "static-device")
 # where it runs (mars.models.device): auto is CUDA when present
 DEVICES = ("auto", "cpu", "cuda")

@@ -146,7 +146,8 @@ class StaticLM:
 
         ids, positions: (b, W) long. allowed: (b, W, N) bool over ALL N cache columns (True: the query may
         attend to the key); a query's own column included. cols: (W,) long, the columns the window's KV is
-        written to (shared by the rows: the decoder's windows sit in shared columns). k, v: (layers, b,
+        written to (shared by the rows: the decoder's windows sit in shared columns), or (b, W): each row's
+        own columns, distinct within a row (mars.runtime.step_runner: rows at their own cache lengths). k, v: (layers, b,
         kv_heads, N, head_dim). gated: whether the gated adapter acts (at rows whose id is the mask token).
         Returns float32 logits (b, W, V) of every window input.
         """
@@ -156,6 +157,8 @@ class StaticLM:
         mask = additive_mask(allowed, f.dtype)[:, None]  # (b, 1, W, N), built once per pass
         cos, sin = self.cos[positions].unsqueeze(2), self.sin[positions].unsqueeze(2)  # (b, W, 1, hd)
         half = hd // 2
+        # cols (b, W): a write index per row, the shape scatter_ takes; unique per row (a scatter's order is free)
+        per_row = cols[:, None, :, None].expand(b, KV, W, hd) if cols.dim() == 2 else None
         g = (ids == self.mask_token_id).unsqueeze(-1).to(f.dtype) if gated else None  # (b, W, 1) 0/1
         x = F.embedding(ids, f.embed)  # (b, W, D)
         for i, L in enumerate(f.layers):
@@ -164,8 +167,12 @@ class StaticLM:
             qk = qkv[:, :, : H + KV]
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)  # rotary on q and k at once
             ks, vs = k[i], v[i]  # (b, KV, N, hd)
-            ks.index_copy_(2, cols, qk[:, :, H:].transpose(1, 2))
-            vs.index_copy_(2, cols, qkv[:, :, H + KV:].transpose(1, 2))
+            if per_row is None:
+                ks.index_copy_(2, cols, qk[:, :, H:].transpose(1, 2))
+                vs.index_copy_(2, cols, qkv[:, :, H + KV:].transpose(1, 2))
+            else:  # each row's own columns (the device step: rows at their own cache lengths)
+                ks.scatter_(2, per_row, qk[:, :, H:].transpose(1, 2))
+                vs.scatter_(2, per_row, qkv[:, :, H + KV:].transpose(1, 2))
             q = qk[:, :, :H].transpose(1, 2)  # (b, H, W, hd)
             att = F.scaled_dot_product_attention(q, ks, vs, attn_mask=mask, enable_gqa=True)  # (b, H, W, hd)
             x = x + L.o(att.transpose(1, 2).reshape(b, W, H * hd), g)
