@@ -64,6 +64,8 @@ MAX_CACHE_BLOCK = 4096
 MAX_NEW_TOKENS = 100_000
 MAX_TOP_K = 100
 MAX_TREE_NODES = 256  # draft tokens per pass in a tree (each may bring a mask group: the input grows fast)
+DEFAULT_STEPS_PER_READ = 4  # the device step: k steps replayed per device read (issue 42)
+MAX_STEPS_PER_READ = 64
 DEFAULT_REPEAT_TAU = 1.0  # the repeat guard: on, a repeated draft waits for the next pass (docs/stutter.md: lower NLL at equal tokens/pass)
 
 
@@ -111,6 +113,9 @@ class DecodeConfig:
     # rounding, fewer ops, preallocated cache) where the model is supported, else "hf" (transformers, the
     # reference); "fast-bf16" is faster still but changes the numerics, so it is only ever asked for
     backend: str = "auto"
+    # backend "static-device" (mars.decoding.device_step): steps run on the device between two reads of their
+    # tokens; the app streams at each read. Other backends read every step
+    steps_per_read: int = DEFAULT_STEPS_PER_READ
 
     def __post_init__(self):
         self.mode = check_choice("mode", self.mode, tuple(MODES))
@@ -157,6 +162,16 @@ class DecodeConfig:
         self.backend = check_choice("backend", self.backend, BACKENDS)
         if self.mode in ("verified", "jacobi") and self.temperature > 0:
             raise ValueError(f"{self.mode} mode reproduces greedy decoding: set temperature to 0, or use mode 'mars'")
+        self.steps_per_read = check_int("steps per read", self.steps_per_read, 1, MAX_STEPS_PER_READ)
+        if self.backend == "static-device":
+            from mars.decoding.device_loop import unsupported
+            from mars.decoding.static_tree import MAX_STATIC_NODES
+
+            why = unsupported(self)
+            if why is None and self.tree_nodes > MAX_STATIC_NODES:
+                why = f"a tree of more than {MAX_STATIC_NODES} nodes"
+            if why is not None:
+                raise ValueError(f"backend 'static-device' does not run {why}; use backend 'static'")
 
 
 def check_tau(value, name: str = "tau") -> float:
@@ -293,6 +308,13 @@ def decode_steps(
         raise ValueError("every prompt needs at least one token")
     P = max(len(p) for p in prompts)
     check_context(lm.model, P, cfg)
+    if cfg.backend == "static-device":  # the whole step on the device, read once per cfg.steps_per_read steps
+        if mode is not None:
+            raise ValueError("backend 'static-device' runs its own modes (mars.decoding.device_step): pass no mode")
+        from mars.decoding.device_loop import decode_steps_device
+
+        yield from decode_steps_device(lm, prompts, cfg, control or DecodeControl(), backend, _apply_stop_strings)
+        return
     tok = lm.tokenizer
     eos = set(lm.eos_token_ids)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
