@@ -10,8 +10,12 @@ p+1 (confidently), a mask at position p predicts it too, but only some of the ti
 confidence (otherwise a random token): drafts are sometimes right, sometimes wrong, as with a trained
 adapter. The text repeats phrases, so n-gram lookup finds copies. Vocabulary: the tests' tiny tokenizer.
 
-Backends: `stub` (the decoder alone) and `static` (the same stub behind mars.runtime.static.StaticBackend's
-host side: padding, the full-width mask, the gather of the kept logits; its model call replaced).
+Backends: `stub` (the decoder alone), `static` (the same stub behind mars.runtime.static.StaticBackend's
+host side: padding, the full-width mask, the gather of the kept logits; its model call replaced) and `device`
+(the device step, mars.decoding.device_step, backend "static-device", over the same stub: `StubStepRunner`).
+For the device step, "host us" leaves out the step's own tensor ops (on a GPU one graph replay per step, on
+the CPU run eagerly): what remains is the host's work per step, the read every k steps included. Every row
+also counts device-to-host reads per step (`HostReads`); the host loop reads the device several times a pass.
 
     python -m benchmarks.host_cost                    # this tree, every mode, batch 1 and 8
     python -m benchmarks.host_cost --compare /tmp/old  # old tree vs this one, interleaved
@@ -48,7 +52,11 @@ MODES = {
     "verified_both": dict(mode="verified", tau=0.0, verify_groups="last", drafts="both"),
     "tree:16": dict(mode="verified", tau=0.0, verify_groups="all", drafts="both", tree_nodes=16),
     "tree:32": dict(mode="verified", tau=0.0, verify_groups="all", drafts="both", tree_nodes=32),
+    # the device step's trees (mars.decoding.static_tree): mask drafts only (lookup runs on the host)
+    "tree_mars:16": dict(mode="verified", tau=0.0, verify_groups="all", drafts="mars", tree_nodes=16),
+    "tree_mars:64": dict(mode="verified", tau=0.0, verify_groups="all", drafts="mars", tree_nodes=64),
 }
+BACKENDS = ("stub", "static", "device")  # the host loop on the stub, on StaticBackend's host side; the device step
 MAX_POS = 512
 
 
@@ -158,6 +166,84 @@ def static_stub_backend(stub: StubLM, batch: int, capacity: int):
     return be
 
 
+class StubStepRunner:
+    """The device step's runner (mars.runtime.step_runner.StepRunner's verbs) over StubLM: its pass is the stub's
+    gather, so a step's time is the device step's own tensor ops (each a kernel launch on a GPU run eagerly,
+    none beyond one replay when captured). `in_step` adds up the seconds spent inside the steps: the rest of
+    a run's time is the host loop around them."""
+
+    def __init__(self, stub: StubLM, batch: int):
+        from mars.runtime.static import BATCHES, bucket
+
+        self.stub, self.device = stub, torch.device("cpu")
+        self.batch = bucket(batch, BATCHES) or batch
+        self.rows = [min(i, stub.real.shape[0] - 1) for i in range(self.batch)]  # padding rows: any stub row
+        self.in_step = 0.0
+        self.steps = 0
+
+    def forward(self, ids, positions, allowed, cols, gated):
+        return _mark(self.stub.logits(self.rows, ids, positions))
+
+    def run(self, key, step):
+        t0 = time.perf_counter()
+        step()
+        self.in_step += time.perf_counter() - t0
+        self.steps += 1
+
+
+class HostReads:
+    """Counts device-to-host reads: the tensor operations whose result the host must wait for. On a GPU each
+    waits for the device to finish everything queued before it; on the CPU they are counted all the same.
+
+    Counted: `.tolist()` and `.numpy()` (patched: they bypass the dispatcher), and every op that makes a Python
+    number of a tensor (`aten._local_scalar_dense`: .item(), bool(), int(), float(), indexing a list with a
+    tensor) or whose output shape depends on the values (nonzero, masked_select, unique, indexing by a bool
+    mask): a GPU must finish them before the host can go on."""
+
+    SYNCING = ("aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten._unique",
+               "aten.unique", "aten.repeat_interleave.Tensor")
+
+    def __init__(self):
+        self.n = 0
+        self.where: dict[str, int] = {}
+
+    def _count(self, what: str):
+        self.n += 1
+        self.where[what] = self.where.get(what, 0) + 1
+
+    def __enter__(self):
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = str(func)
+                if name.startswith(HostReads.SYNCING) or (
+                        name.startswith("aten.index.Tensor")
+                        and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()) if i is not None)):
+                    counter._count(name)
+                return func(*args, **(kwargs or {}))
+
+        self._plain = torch.Tensor.tolist, torch.Tensor.numpy
+
+        def tolist(t, *a, **k):
+            counter._count("tolist")
+            return self._plain[0](t, *a, **k)
+
+        def numpy(t, *a, **k):
+            counter._count("numpy")
+            return self._plain[1](t, *a, **k)
+
+        torch.Tensor.tolist, torch.Tensor.numpy = tolist, numpy
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        torch.Tensor.tolist, torch.Tensor.numpy = self._plain
+        return False
+
+
 def prompts_for(batch: int, vocab: int, seed: int = 1) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(5, vocab, (int(n),), generator=g).tolist()
@@ -211,15 +297,24 @@ def _mark(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block: int, count_ops: bool = False):
-    """(ms per step, passes, tensor ops per step or None, the records) of one decode with the stub backend.
-    The stub's own forward is counted too (a gather: a handful of ops per pass)."""
+def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block: int, count_ops: bool = False,
+             count_reads: bool = False, steps_per_read: int = 4):
+    """(ms per step, passes, tensor ops per step or None, the records, extras) of one decode with a stub forward.
+    The stub's own forward is counted too (a gather: a handful of ops per pass). extras: `reads` (device reads
+    per step, with count_reads) and, for the device step, `step_ms` (ms per step inside the steps)."""
     from mars.decoding.decoder import DecodeConfig, generate_ids
 
-    def make(model, cfg, b, capacity):  # the decoder's backend: the stub
+    runners = []
+
+    def make(model, cfg, b, capacity, scratch=None):  # the decoder's backend: the stub
+        if backend == "device":
+            runners.append(StubStepRunner(stub, b))
+            return runners[-1]
         return StubBackend(stub, b) if backend == "stub" else static_stub_backend(stub, b, capacity)
 
-    cfg = DecodeConfig(block_size=block, max_new_tokens=max_new, **MODES[mode])
+    fields = dict(MODES[mode], backend="static-device", steps_per_read=steps_per_read) if backend == "device" \
+        else MODES[mode]
+    cfg = DecodeConfig(block_size=block, max_new_tokens=max_new, **fields)
     prompts = prompts_for(batch, len(lm.tokenizer))
     from mars.decoding import masks
 
@@ -227,15 +322,27 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
         if hasattr(getattr(masks, name), "cache_clear"):
             getattr(masks, name).cache_clear()
     counter = OpCounter() if count_ops else contextlib.nullcontext()
+    reads = HostReads() if count_reads else contextlib.nullcontext()
     t0 = time.perf_counter()
-    with counter:
+    with counter, reads:
         runs = generate_ids(lm, prompts, cfg, backend=make)
     dt = time.perf_counter() - t0
     passes = len({s.pass_index for r in runs for s in r.steps})
     # what must not change: every record's fields but its wall time
     records = [[{k: v for k, v in s.to_dict().items() if k != "seconds"} for s in r.steps] for r in runs]
     ops = (counter.n / passes, counter.on_logits / passes) if count_ops else None
-    return 1e3 * dt / passes, passes, ops, records
+    extras = {}
+    if count_reads:
+        extras["reads"] = reads.n / passes
+    if runners:
+        extras["step_ms"] = 1e3 * runners[0].in_step / passes
+        extras["steps_run"] = runners[0].steps  # the last read's k steps may run past the end
+    return 1e3 * dt / passes, passes, ops, records, extras
+
+
+def supports(backend: str, mode: str) -> bool:
+    """The device step runs greedy ar, mars and verified with mask drafts (mars.decoding.device_loop)."""
+    return backend != "device" or MODES[mode].get("drafts", "mars") == "mars"
 
 
 def worker(args) -> dict:
@@ -245,18 +352,24 @@ def worker(args) -> dict:
 
     torch.set_num_threads(1)
     lm = make_loaded()
-    stub = StubLM(len(lm.tokenizer), lm.mask_token_id, max(args.batches))
+    stub = StubLM(len(lm.tokenizer), lm.mask_token_id, max(8, *args.batches))
     out = {"tree": str(Path(mars.__file__).parent.parent)}  # the tree the decoder was imported from
     for batch in args.batches:
         for mode in args.modes:
             for backend in args.backends:
+                if not supports(backend, mode):
+                    continue
                 run_once(lm, stub, backend, mode, batch, 16, args.block)  # warm-up
-                times = []
+                times, step_ms = [], []
                 for _ in range(args.repeats):
-                    ms, passes, _, ids = run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
+                    ms, passes, _, ids, extras = run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
                     times.append(ms)
+                    step_ms.append(extras.get("step_ms", 0.0))
                 ops = run_once(lm, stub, backend, mode, batch, args.max_new, args.block, count_ops=True)[2]
-                out[f"{mode}|{batch}|{backend}"] = dict(ms=min(times), passes=passes, ops=ops[0], dev=ops[1],
+                reads = run_once(lm, stub, backend, mode, batch, args.max_new, args.block, count_reads=True)[4]["reads"]
+                best = min(range(len(times)), key=times.__getitem__)
+                out[f"{mode}|{batch}|{backend}"] = dict(ms=times[best], step_ms=step_ms[best], passes=passes,
+                                                        ops=ops[0], dev=ops[1], reads=reads,
                                                         digest=zlib.crc32(json.dumps(ids).encode()))
     return out
 
@@ -275,7 +388,8 @@ def profile(args):
     for batch in args.batches:
         for mode in args.modes:
             for backend in args.backends:
-                run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
+                if supports(backend, mode):
+                    run_once(lm, stub, backend, mode, batch, args.max_new, args.block)
     pr.disable()
     pstats.Stats(pr).sort_stats("tottime").print_stats(args.top)
 
@@ -284,7 +398,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--backends", nargs="+", default=["stub", "static"], choices=["stub", "static"])
+    ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS))
     ap.add_argument("--max-new", type=int, default=96)
     ap.add_argument("--block", type=int, default=4, help="block size (the shipped adapter's: 4)")
     ap.add_argument("--repeats", type=int, default=3, help="runs per cell in a process; the fastest counts")
@@ -319,13 +433,19 @@ def main(argv=None) -> int:
     keys = list(results[next(iter(trees))][0])
     print(f"host ms per decoding step (passes), stub forward, 1 thread, {args.max_new} new tokens, block {args.block}"
           + (f"; median over {args.rounds} alternating processes per tree" if args.compare else ""))
-    head = f"{'mode':<15}{'batch':>6} {'backend':<8}" + "".join(f"{n + ' ms (passes) ops logit-ops':>36}" for n in trees)
+    print("  ops: tensor ops per step (each a kernel launch on a GPU run eagerly); logit-ops: those on the logits;"
+          " host us: per step, outside the device step's own tensor ops (the host loop: all of it);"
+          " reads: device-to-host reads per step (HostReads)")
+    head = f"{'mode':<15}{'batch':>6} {'backend':<8}" + "".join(
+        f"{n + ' ms (passes) ops logit-ops host-us reads':>50}" for n in trees)
     print(head + ("   old/new  same records" if args.compare else ""))
     for k in keys:
         mode, batch, backend = k.split("|")
         cells = {n: statistics.median(r[k]["ms"] for r in results[n]) for n in trees}
+        host = {n: 1e3 * statistics.median(r[k]["ms"] - r[k].get("step_ms", 0.0) for r in results[n]) for n in trees}
         line = f"{mode:<15}{batch:>6} {backend:<8}" + "".join(
-            f"{cells[n]:15.3f} ({results[n][0][k]['passes']:>4}) {results[n][0][k]['ops']:5.0f} {results[n][0][k]['dev']:5.1f}"
+            f"{cells[n]:15.3f} ({results[n][0][k]['passes']:>4}) {results[n][0][k]['ops']:5.0f} "
+            f"{results[n][0][k]['dev']:5.1f} {host[n]:8.0f} {results[n][0][k].get('reads', 0.0):5.2f}"
             for n in trees)
         if args.compare:
             same = results["old"][0][k]["digest"] == results["new"][0][k]["digest"]

@@ -49,7 +49,7 @@ def test_pass_cost(tiny_dir, tmp_path):
 def test_host_cost():
     text = bench("host_cost", "--modes", "ar", "mars:0.9", "--batches", 1, "--max-new", 12, "--repeats", 1)
     rows = [m.groups() for m in re.finditer(r"^(\S+)\s+(\d+) (\S+)\s+([\d.]+) \(\s*(\d+)\)", text, re.M)]
-    assert {(r[0], r[2]) for r in rows} == {(m, b) for m in ("ar", "mars:0.9") for b in ("stub", "static")}
+    assert {(r[0], r[2]) for r in rows} == {(m, b) for m in ("ar", "mars:0.9") for b in ("stub", "static", "device")}
     for mode, batch, backend, ms, passes in rows:
         assert batch == "1" and float(ms) > 0
         assert int(passes) == 12 if mode == "ar" else 1 <= int(passes) <= 12  # AR: a pass a token
