@@ -37,12 +37,14 @@ from mars.decoding.decoder import DEFAULT_CACHE_BLOCK, DEFAULT_REPEAT_TAU
 from mars.decoding.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both",
-           "verified_tree", "verified_tree_last", "verified_tree_store", "jacobi")
+           "verified_tree", "verified_tree_last", "verified_tree_store", "verified_tree_mars", "jacobi")
 # the core's verified variants: method -> (verify_groups, drafts)
 VERIFIED = {"verified": ("all", "mars"), "verified_last": ("last", "mars"), "verified_lookup": ("last", "lookup"),
             "verified_both": ("last", "both"), "verified_tree": ("all", "both"), "verified_tree_last": ("last", "both"),
-            "verified_tree_store": ("last", "both")}
-TREES = ("verified_tree", "verified_tree_last", "verified_tree_store")  # run once per node budget, as "<method>:<N>"
+            "verified_tree_store": ("last", "both"),
+            # mask drafts only: the tree the device step runs (backend static-device: lookup runs on the host)
+            "verified_tree_mars": ("all", "mars")}
+TREES = ("verified_tree", "verified_tree_last", "verified_tree_store", "verified_tree_mars")  # run once per node budget, as "<method>:<N>"
 
 
 @dataclass
