@@ -317,3 +317,40 @@ def test_every_step_compiles_as_one_graph(stub_lm, f32):
     make = lambda m, c, b, cap, scratch: _Compiled(StepRunner(m, b, cap, scratch))
     assert [r.token_ids for r in generate_ids(lm, ids, cfg, backend=make)] == \
            [r.token_ids for r in generate_ids(lm, ids, cfg)]
+
+
+def test_bench_runs_the_device_step_beside_the_host_loop(f32):
+    """`python -m mars bench --also-backends static-device`: the core's methods again on the device step, exact
+    against the same AR; a method it cannot run (lookup drafts) is dropped, saying why."""
+    from mars.evaluation.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig(PROMPTS[:2], methods=("ar", "mars", "verified", "verified_tree_mars:8", "verified_both"),
+                      taus=(0.7,), max_new_tokens=10, backend="static", also_backends=("static-device",))
+    status = {}
+    runs = {r.method: r for r in run_bench(f32[0], cfg, status=status)}
+    for m in ("ar", "mars", "verified", "verified_tree_mars:8"):
+        assert runs[m + "@static-device"].exact_match_with_ar == 1.0, m
+    assert "verified_both@static-device" not in runs and "verified_both" in runs
+    assert "drafts 'both'" in str(status.get("failed"))
+
+
+class _Async(StubStepRunner):
+    asynchronous = True  # as CUDA: the next k steps are queued before the last k's records are built
+
+
+@pytest.mark.parametrize("kw", [dict(mode="mars", tau=0.7), dict(mode="verified", tau=0.0, tree_nodes=16),
+                                dict(mode="verified", tau=0.0, stop_strings=("the",))])
+def test_overlapped_reads_give_the_same_records(stub_lm, kw):
+    prompts = prompts_for(3, len(stub_lm.tokenizer))
+    cfg = DecodeConfig(**kw, max_new_tokens=40, backend="static-device")
+    plain = generate_ids(stub_lm, prompts, cfg, backend=lambda m, c, b, cap, scratch: StubStepRunner(stub_lm.stub, b))
+    made = []
+    make = lambda m, c, b, cap, scratch: made.append(_Async(stub_lm.stub, b)) or made[-1]
+    with HostReads() as reads:
+        over = generate_ids(stub_lm, prompts, cfg, backend=make)
+    assert [[s.to_dict() | {"seconds": 0} for s in r.steps] for r in over] == \
+           [[s.to_dict() | {"seconds": 0} for s in r.steps] for r in plain]
+    # one read per 4 steps; a stop string found at a read may leave the 4 steps queued after it unread
+    assert reads.n <= made[0].steps // 4 and 4 * reads.n >= max(r.passes for r in over)
+    if not kw.get("stop_strings"):
+        assert reads.n == made[0].steps // 4

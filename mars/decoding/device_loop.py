@@ -6,7 +6,9 @@ Per read (every `DecodeConfig.steps_per_read` steps, k = 4 by default), the host
   1. writes the live tau, if a DecodeControl changed it (a copy to the device, no wait);
   2. replays k steps (the runtime's CUDA graphs on a GPU; eagerly elsewhere): a row that ends inside them
      stops writing;
-  3. reads every step's accepted tokens, their confidences, counts and finish flags in one copy;
+  3. reads every step's accepted tokens, their confidences, counts and finish flags in one copy; on an
+     asynchronous device (the runner's `asynchronous`: CUDA) it queues the next k steps right away, so the
+     device runs them while the host does the rest (a tau change or a cancel then lands a read later);
   4. decodes the text, applies stop strings (a row cut there is marked done on the device; what it did in
      the rest of the k steps is dropped) and yields one list of PassRecords per step, as the host loop does.
 The first step is the prefill: the whole prompt, at its own width (run eagerly, never captured).
@@ -126,30 +128,38 @@ def decode_steps_device(lm, prompts: list[list[int]], cfg, control, backend, app
     step = ds.Step(steady, st, consts, runner.forward, K)
     key = (steady.kind, runner.batch, steady.W)
     rows = [_RowText(i, p) for i, p in enumerate(prompts)]
-    tau_now = cfg.tau
-    pass_index = 0
-    started = False
     source = None if steady.kind in ("ar", "mars") else "mars"
-    while any(r.finish_reason is None for r in rows):
+    # an asynchronous device (CUDA) runs the next k steps while the host turns the last k into records
+    overlap = bool(getattr(runner, "asynchronous", False))
+    state = {"tau": cfg.tau, "started": False}
+
+    def launch() -> bool:
+        """Queue k steps (False: cancelled, nothing queued)."""
         if control.cancelled:
-            for r in rows:
-                if r.finish_reason is None:
-                    r.finish_reason = "cancelled"
-            return
+            return False
         tau = cfg.tau if control.tau is None else control.tau
-        if tau != tau_now:
+        if tau != state["tau"]:
             st.tau.fill_(tau)  # a write to the device: nothing waits
-            tau_now = tau
-        t0 = time.perf_counter()
-        for i in range(k):
-            if not started:
+            state["tau"] = tau
+        st.t.zero_()
+        for _ in range(k):
+            if not state["started"]:
                 runner.run(None, prefill)  # the prefill: its own width, never captured
-                started = True
+                state["started"] = True
             else:
                 runner.run(key, step)
+        return True
+
+    pass_index = 0
+    t0 = time.perf_counter()
+    queued = launch()
+    while queued and not control.cancelled:
+        tau = state["tau"]
         got = _read(st, k)  # THE device read of these k steps
-        st.t.zero_()
         per_step = (time.perf_counter() - t0) / k
+        t0 = time.perf_counter()
+        more = any(not got["done"][r.index] for r in rows)
+        queued = overlap and more and launch()
         for s in range(k):
             records = []
             for r in rows:
@@ -165,15 +175,20 @@ def decode_steps_device(lm, prompts: list[list[int]], cfg, control, backend, app
                 yield records
             if all(r.finish_reason is not None for r in rows):
                 return
+        if not overlap:
+            queued = launch()
+    for r in rows:  # cancelled
+        if r.finish_reason is None:
+            r.finish_reason = "cancelled"
 
 
 def _read(st: ds.StepState, k: int) -> dict:
     """Every output of the last k steps in ONE device-to-host copy (ids < 2^53 are exact in float64)."""
     parts = [st.out_tok, st.out_conf, st.out_n, st.out_rej, st.out_sent, st.out_cache, st.out_reason,
-             st.out_guard, st.out_live]
+             st.out_guard, st.out_live, st.done]
     flat = torch.cat([p.reshape(-1).double() for p in parts]).tolist()
     out, at = {}, 0
-    names = ["tok", "conf", "n", "rej", "sent", "cache", "reason", "guard", "live"]
+    names = ["tok", "conf", "n", "rej", "sent", "cache", "reason", "guard", "live", "done"]
     for name, p in zip(names, parts):
         n = p.numel()
         vals = flat[at:at + n]

@@ -37,6 +37,8 @@ class StepRunner:
         self.mask_token_id = self.slm.mask_token_id
         self.max_positions = self.slm.max_positions
         self.graphs_on = self.device.type == "cuda"
+        # the decoder queues the next steps before it builds the last ones' records where the device runs apart
+        self.asynchronous = self.graphs_on
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self._pool = None
 
