@@ -131,6 +131,19 @@ def test_device_step_records_equal_host_loop_on_stub(stub_lm, kw, batch):
         assert any(len(s.token_ids) > 1 for r in dev for s in r.steps)  # drafts were accepted: the test bites
 
 
+def test_draft_calibration_as_the_host_loop(stub_lm):
+    """An adapter's per-mask temperatures (mars.json "calibration") change the masks' confidences, so which
+    drafts pass tau: the same records as the host loop."""
+    lm = _StubLM()
+    lm.calibration = {"temperatures": [1.6, 0.7]}  # mask 3 past the list: 1.0
+    for kw in (dict(mode="mars", tau=0.7), dict(mode="verified", tau=0.6), dict(mode="mars", tau=0.5, confidence="entropy")):
+        host, dev, _ = _stub_runs(lm, dict(kw, max_new_tokens=40), 3)
+        plain, _, _ = _stub_runs(stub_lm, dict(kw, max_new_tokens=40), 3)
+        assert [s.token_ids for r in dev for s in r.steps] == [s.token_ids for r in host for s in r.steps]
+        assert [s.rejected_token_ids for r in dev for s in r.steps] == [s.rejected_token_ids for r in host for s in r.steps]
+        assert [s.confidences for r in host for s in r.steps] != [s.confidences for r in plain for s in r.steps]
+
+
 def test_eos_inside_an_accepted_run_and_stop_strings(stub_lm):
     """An EOS cuts a multi-token run (kept, the rest rejected); a stop string ends the row on the host at a
     read, the device's further steps for it dropped."""
