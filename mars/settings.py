@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
 
-from mars.runtime.names import BACKENDS, DEVICES
+from mars.runtime.names import DEVICES, RUNNERS
 
 
 class SettingsError(ValueError):
@@ -138,7 +138,7 @@ class Settings:
         _choice(DEVICES, lower=True))
     backend: str = setting(
         "MARS_BACKEND", "auto-int8", "what runs the model (mars.runtime.backends.BACKENDS); auto-int8: int8 "
-        "matrices on a CPU, transformers elsewhere; auto keeps float32", _choice(BACKENDS))
+        "matrices on a CPU, transformers elsewhere; auto keeps float32", _choice(RUNNERS))
     threads: int | None = setting(
         "MARS_THREADS", None, "torch threads for each forward pass", _whole, shown="every core")
     concurrency: int = setting("MARS_CONCURRENCY", 2, "generations that run at once", _whole)
