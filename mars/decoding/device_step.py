@@ -250,21 +250,20 @@ class Step:
         logits = self.forward(ids, pos, allowed, cols, lay.G * lay.M > 0)  # (b, W, V) float32
         live = ~st.done
         last = (st.F - 1 - st.L).clamp(min=0)  # (b,): the slot of the last real token
+        # each mode: the record's proposals (accepted first), their confidences, how many it accepts, how many
+        # of its extras were verified (their KV kept), how many drafts it rejected, the repeat guard, and the
+        # next pass's drafts (tokens, confidences, how many) or None
         if lay.kind == "ar":
             props, conf = _score(_at(logits, last[:, None]), c.measure)
-            n, n_real, n_rej, guard = torch.ones_like(st.F), torch.zeros_like(st.F), torch.zeros_like(st.F), None
-            self._next_drafts = None
+            zero = torch.zeros_like(st.F)
+            out = props, conf, zero + 1, zero, zero, None, None
         elif lay.kind == "mars":
-            props, conf, n, guard = self._mars(logits, last)
-            n_real, n_rej = torch.zeros_like(st.F), props.shape[1] - n
-            self._next_drafts = None
+            out = self._mars(logits, last)
         elif lay.kind == "chain":
-            props, conf, n, n_real, n_rej = self._chain(logits, last, xids, xvalid)
-            guard = None
+            out = self._chain(logits, last, xids, xvalid)
         else:
-            props, conf, n, n_real, n_rej = self._tree(logits, last, xids, xvalid)
-            guard = None
-        self._finish(props, conf, n, n_real, n_rej, guard, live, xvalid.sum(1))
+            out = self._tree(logits, last, xids, xvalid)
+        self._finish(*out, live, xvalid.sum(1))
 
     # -- 2. score and 3. accept, per mode
 
@@ -284,7 +283,8 @@ class Step:
         n_plain = torch.where(st.tau >= 1.0, 1, n_plain)
         if c.max_per_pass is not None:
             n, n_plain = n.clamp(max=c.max_per_pass), n_plain.clamp(max=c.max_per_pass)
-        return props, conf, n, n < n_plain
+        zero = torch.zeros_like(n)
+        return props, conf, n, zero, props.shape[1] - n, n < n_plain, None
 
     def _chain(self, logits, last, xids, xvalid):
         st, c, lay = self.st, self.c, self.lay
@@ -312,10 +312,10 @@ class Step:
             keep = torch.where(st.tau >= 1.0, 0, keep)
             if c.max_per_pass is not None:
                 keep = keep.clamp(max=c.max_per_pass - 1)
-            self._next_drafts = (tok, dconf, torch.where(has, keep, 0))
+            nxt = (tok, dconf, torch.where(has, keep, 0))
         else:
-            self._next_drafts = None
-        return props, conf, m + 1, m, nd - m
+            nxt = None
+        return props, conf, m + 1, m, nd - m, None, nxt
 
     def _tree(self, logits, last, xids, xvalid):
         st, c, lay = self.st, self.c, self.lay
@@ -333,7 +333,6 @@ class Step:
         path_slot = torch.cat([torch.zeros_like(last)[:, None], node_at], 1)  # (b, D + 1), 0 past the path
         props, conf = ar.gather(1, path_slot), ar_conf.gather(1, path_slot)  # accepted: props[:de + 1]
         c_on = torch.cumprod(on[:, :lay.chain_len].long(), 1).sum(1)  # path nodes on the chain (KV kept)
-        self._path = (de, c_on)
         if lay.G * lay.M:  # the next candidates: the group on chain node c_on - 1, shifted by de - c_on
             rows = lay.R + lay.X + c_on[:, None] * lay.M + torch.arange(lay.M, device=self.device)[None]
             x = _at(logits, rows)  # (b, M, V)
@@ -341,14 +340,14 @@ class Step:
             top = p.topk(self.tree_k, dim=-1)  # (b, M, K)
             shift = (de - c_on)[:, None] + torch.arange(lay.M, device=self.device)[None]  # (b, M)
             at = shift.clamp(max=lay.M - 1)[:, :, None].expand(-1, -1, self.tree_k)
-            self._next_drafts = (top.indices.gather(1, at), top.values.gather(1, at), lay.M - (de - c_on))
+            nxt = (top.indices.gather(1, at), top.values.gather(1, at), lay.M - (de - c_on))
         else:
-            self._next_drafts = None
-        return props, conf, de + 1, c_on, torch.zeros_like(de)
+            nxt = None
+        return props, conf, de + 1, c_on, torch.zeros_like(de), None, nxt
 
     # -- 3. limits and 4. commit, every mode
 
-    def _finish(self, props, conf, n, n_real, n_rej, guard, live, sent):
+    def _finish(self, props, conf, n, n_real, n_rej, guard, nxt, live, sent):
         st, c, lay = self.st, self.c, self.lay
         b, O = props.shape
         o = torch.arange(O, device=self.device)[None]
@@ -382,8 +381,8 @@ class Step:
         st.L.copy_(torch.where(live, L_new, st.L))
         st.F.copy_(F_new)
         st.done.copy_(st.done | (reason != NO_REASON))
-        if self._next_drafts is not None:
-            tok, p, keep = self._next_drafts
+        if nxt is not None:
+            tok, p, keep = nxt
             Dm = st.drafts.shape[1]
             st.drafts.copy_(tok.reshape(b, -1)[:, :Dm])
             st.draft_p.copy_(p.reshape(b, -1)[:, :Dm].float())
