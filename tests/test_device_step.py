@@ -367,3 +367,32 @@ def test_overlapped_reads_give_the_same_records(stub_lm, kw):
     assert reads.n <= made[0].steps // 4 and 4 * reads.n >= max(r.passes for r in over)
     if not kw.get("stop_strings"):
         assert reads.n == made[0].steps // 4
+
+
+class _Watch(StubStepRunner):
+    """Checks, at every pass, that a finished row writes no real KV column and that its state stands still."""
+
+    def run(self, key, step):
+        st = step.st
+        self.done = st.done.clone()
+        before = [t.clone() for t in (st.seq, st.F, st.L)]
+        self.capacity = step.c.capacity
+        super().run(key, step)
+        for a, b in zip(before, (st.seq, st.F, st.L)):
+            assert torch.equal(a[self.done], b[self.done])
+        self.finished_seen = getattr(self, "finished_seen", 0) + int(self.done.sum()) - (self.batch - 3)
+
+    def forward(self, ids, positions, allowed, cols, gated):
+        assert bool((cols[self.done] >= self.capacity).all())  # scratch columns only
+        return super().forward(ids, positions, allowed, cols, gated)
+
+
+def test_a_finished_row_stops_writing(stub_lm):
+    words = stub_lm.stub.texts[1, 40:60].tolist()
+    eos_lm = _StubLM(eos=[words[0]])
+    prompts = prompts_for(3, len(eos_lm.tokenizer))
+    for kw in (dict(mode="mars", tau=0.0), dict(mode="verified", tau=0.0), dict(mode="verified", tau=0.0, tree_nodes=8)):
+        made = []
+        make = lambda m, c, b, cap, scratch: made.append(_Watch(eos_lm.stub, b)) or made[-1]
+        runs = generate_ids(eos_lm, prompts, DecodeConfig(**kw, max_new_tokens=80, backend="static-device"), backend=make)
+        assert len({r.passes for r in runs}) > 1 and made[0].finished_seen > 0  # rows finished apart: it was checked
