@@ -353,12 +353,14 @@ class Step:
         o = torch.arange(O, device=self.device)[None]
         n_before, n_out = n, n + n_rej  # the mode's accepted run; the record's proposals (accepted, then rejected)
         n_gen = st.F - st.n_prompt
-        eos = torch.isin(props, c.eos) & (o < n[:, None])
+        # EOS tests as a broadcast compare: isin may sort, and a step must stay one plain graph
+        is_eos = (props[:, :, None] == c.eos).any(-1)  # (b, O)
+        eos = is_eos & (o < n[:, None])
         first = torch.where(eos, o, O).amin(1)  # (b,): the first EOS among the accepted (O: none)
         n = torch.minimum(n, first + 1)
         n = torch.minimum(n, c.max_new - n_gen)
-        ends_eos = props.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0]
-        reason = torch.where(torch.isin(ends_eos, c.eos), EOS, torch.where(n_gen + n >= c.max_new, LENGTH, NO_REASON))
+        ends_eos = is_eos.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0]
+        reason = torch.where(ends_eos, EOS, torch.where(n_gen + n >= c.max_new, LENGTH, NO_REASON))
         n = torch.where(live, n, 0)
         reason = torch.where(live, reason, NO_REASON)
         guard = torch.zeros_like(live) if guard is None else guard & (n == n_before)  # not when a limit cut first

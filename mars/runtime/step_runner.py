@@ -48,10 +48,11 @@ class StepRunner:
         gated = gated and self.mask_token_id is not None  # no gated adapter: masks are plain inputs
         return self.slm.run_step(ids, positions, allowed, cols, self, gated)
 
-    def run(self, key: tuple, step) -> None:
-        """One decoding step `step()` (it reads and writes only tensors that live as long as the run)."""
+    def run(self, key: tuple | None, step) -> None:
+        """One decoding step `step()` (it reads and writes only tensors that live as long as the run); key None:
+        never captured."""
         with torch.inference_mode():
-            if not self.graphs_on:
+            if not self.graphs_on or key is None:  # key None: a step of its own width (the prefill), run once
                 step()
                 return
             graph = self._graphs.get(key)
