@@ -61,10 +61,10 @@ def layouts(cfg, prompt_len: int) -> tuple[ds.Layout, ds.Layout, int]:
         return (ds.Layout("mars", prompt_len, G=G, M=M), ds.Layout("mars", cfg.block_size, G=G, M=M), 0)
     if cfg.tree_nodes:
         parents, ranks = static_tree(cfg.tree_nodes, M)
-        base = ds.Layout("tree", cfg.block_size, X=len(parents), M=M, parents=parents, ranks=ranks)
-        base = ds.Layout("tree", cfg.block_size, X=len(parents), G=base.chain_len + 1, M=M, parents=parents,
-                         ranks=ranks)
-        return ds.Layout(**{**base.__dict__, "R": prompt_len}), base, branch(ranks)
+        chain = next((i for i, p in enumerate(parents) if p != i - 1), len(parents))  # the top-1 chain's nodes
+        # a group on the root and on every chain node; a path re-feeds its off-chain part, so R = B
+        tree = dict(X=len(parents), G=chain + 1, M=M, parents=parents, ranks=ranks)
+        return ds.Layout("tree", prompt_len, **tree), ds.Layout("tree", cfg.block_size, **tree), branch(ranks)
     last = cfg.verify_groups == "last"
     G = (1 if last else M + 1) if M else 0
     # after the prefill a verified row re-feeds one token: the AR token at the first mismatch
