@@ -396,3 +396,20 @@ def test_a_finished_row_stops_writing(stub_lm):
         make = lambda m, c, b, cap, scratch: made.append(_Watch(eos_lm.stub, b)) or made[-1]
         runs = generate_ids(eos_lm, prompts, DecodeConfig(**kw, max_new_tokens=80, backend="static-device"), backend=make)
         assert len({r.passes for r in runs}) > 1 and made[0].finished_seen > 0  # rows finished apart: it was checked
+
+
+def test_the_gpu_sessions_check_runs_here(tiny_dir, tmp_path):
+    """tools/device_step_check.py (the GPU check of the device step) on the CPU at tiny sizes: it runs and
+    reports the device step's text equal to the host loop's and the eager step's."""
+    import json
+
+    from tools.device_step_check import main
+
+    out = tmp_path / "check.json"
+    assert main(["--device", "cpu", "--dtype", "float32", "--model", str(tiny_dir), "--adapter", "none", "--limit", "2",
+                 "--max-new-tokens", "6", "--batches", "2", "--methods", "ar", "verified", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["graph_equals_eager"] == {"ar": 1.0, "verified": 1.0}
+    runs = res["decode"]["batch_2"]
+    assert set(runs) == {"ar|host", "ar|device k4", "verified|host", "verified|device k4"}
+    assert all(r["same_text_as_host_loop"] == 1.0 and r["tokens"] == 12 for r in runs.values())
