@@ -341,8 +341,14 @@ def run_once(lm, stub, backend: str, mode: str, batch: int, max_new: int, block:
 
 
 def supports(backend: str, mode: str) -> bool:
-    """The device step runs greedy ar, mars and verified with mask drafts (mars.decoding.device_loop)."""
-    return backend != "device" or MODES[mode].get("drafts", "mars") == "mars"
+    """The device step runs greedy ar, mars and verified with mask drafts (mars.decoding.device_loop), in a
+    tree that has it (--compare against an older one: its rows are left out)."""
+    if backend != "device":
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec("mars.decoding.device_loop") is not None and \
+        MODES[mode].get("drafts", "mars") == "mars"
 
 
 def worker(args) -> dict:
@@ -430,7 +436,7 @@ def main(argv=None) -> int:
             results[name].append(json.loads(proc.stdout.strip().splitlines()[-1]))
     for name, tree in trees.items():
         assert all(r.pop("tree") == str(tree) for r in results[name]), f"{name}: mars imported from another tree"
-    keys = list(results[next(iter(trees))][0])
+    keys = [k for k in results[next(iter(trees))][0] if all(k in results[n][0] for n in trees)]
     print(f"host ms per decoding step (passes), stub forward, 1 thread, {args.max_new} new tokens, block {args.block}"
           + (f"; median over {args.rounds} alternating processes per tree" if args.compare else ""))
     print("  ops: tensor ops per step (each a kernel launch on a GPU run eagerly); logit-ops: those on the logits;"
