@@ -16,7 +16,7 @@ import tiny
 from mars.runtime.fastpath import fast_model
 from mars.runtime.backends import BACKENDS, FastBackend, HFBackend
 from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
-from mars.runtime.quant import RESIDUAL_STEPS, WEIGHT_MAX, Int8Linear, quantize_rows2, quantize_weight, reference_linear
+from mars.runtime.quant import OUTLIERS, WEIGHT_MAX, Int8Linear, quantize_rows, quantize_weight, reference_linear
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["what is the capital of france ?", "tell me a word", "write a long sentence about the water and the earth"]
@@ -61,11 +61,14 @@ def test_quantizers_bounds_and_zero_rows():
     torch.testing.assert_close(q.float() * s[:, None], w, rtol=0, atol=float(s.max()) / 2 + 1e-6)
     x = torch.randn(3, 64)
     x[1] = 0
-    xq, sx = quantize_rows2(x)  # (6, 64): three rows, then their residuals
-    assert xq.shape == (6, 64) and xq[[1, 4]].eq(0).all() and torch.isfinite(sx).all()  # zero row: no 0/0
-    assert int(xq[0].abs().max()) == 127 and int(xq[3:].abs().max()) <= 127
-    back = (xq[:3].double() + xq[3:].double() / RESIDUAL_STEPS) * sx[:, None].double()
-    assert (back - x).abs().max() <= sx.max() / RESIDUAL_STEPS  # ~16 bits: one residual step at most
+    x[2, 5] = 500.0  # one huge value: kept apart, it does not coarsen the row's grid
+    xq, sx, ov, oi = quantize_rows(x)  # (3, 64) int8, one row each, and each row's OUTLIERS largest values
+    assert xq.shape == (3, 64) and xq[1].eq(0).all() and torch.isfinite(sx).all()  # zero row: no 0/0
+    assert int(xq[0].abs().max()) == 127 and ov.shape == oi.shape == (3, OUTLIERS) and oi[2, 0] == 5
+    back = xq.double() * sx[:, None].double()
+    back.scatter_(1, oi, ov.double())  # the outliers, exactly
+    assert ((back - x).abs().amax(1) <= sx / 2 + 1e-7).all()  # half a step of the rest's grid at most
+    assert sx[2] < 5 / 127  # the grid is the rest's (randn: |x| < 5), not 500's
 
 
 def test_rows_are_independent():

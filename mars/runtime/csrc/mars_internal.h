@@ -95,8 +95,8 @@ static inline void vstore_u8(uint8_t *p, __m256 x) {  /* 8 whole numbers in [0, 
 #define VPOW2I(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #endif
 
-/* value and residual rows of up to MARS_MAX_ROWS tokens; the delta's t = A h per row */
-#define MAXROWS (2 * MARS_MAX_ROWS)
+/* rows (one per token) of a product; the delta's t = A h per row */
+#define MAXROWS MARS_MAX_ROWS
 #define MAXR MARS_MAX_LORA_COLUMNS
 
 /* exp(x) for the SiLU: Cephes' expf (a degree-6 polynomial on x - n ln2, then 2^n; within 2 ulp) written
