@@ -261,9 +261,13 @@ def test_c_gated_delta_adds_the_delta_at_the_gated_rows_only(ranks):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
-    ref = y.double()
-    ref[gated] += (h[gated].double() @ a.double().T) @ b.double().T
+    ref, exact = y.double(), y.double()
+    da, db = ck.dequantized_lora(a, b)  # the int8 values the kernel stores, as floats
+    ref[gated] += (h[gated].double() @ da.double().T) @ db.double().T
     torch.testing.assert_close(two, ref.float(), rtol=1e-5, atol=1e-4)
+    exact[gated] += (h[gated].double() @ a.double().T) @ b.double().T
+    delta = (exact - y.double())[gated]
+    assert ((two.double() - exact)[gated].norm() / delta.norm()) < 0.02  # int8 A and B: ~1% of the delta
     real = torch.tensor([1, 4, 5])
     assert torch.equal(two[real], y[real])
 
@@ -286,10 +290,15 @@ def test_c_gated_delta_of_an_untrained_adapter_is_zero():
         ck.lora_rows(lib, h[:, :32], torch.tensor([1]), w, y.clone())
 
 
-def test_c_gated_delta_takes_float16_values_only():
-    """Values that float16 cannot hold exactly (a float32 adapter): no C layout, the float tensor ops add them."""
+def test_c_gated_delta_takes_any_float_values_up_to_its_rank_limit():
+    """Float32 values are stored in int8 too (quantize_lora); a rank past MAX_LORA_COLUMNS has no C layout (the
+    float tensor ops add it)."""
     a, b = gated_lora(32, [16], [4], dtype=torch.float32)
-    assert ck.LoraWeights.of(a, b, [16]) is None
+    w = ck.LoraWeights.of(a, b, [16])
+    assert w is not None and w.at.dtype == torch.int8 and w.bt.dtype == torch.int8
+    aq, sa, bq, sb = ck.quantize_lora(a, b)
+    assert aq.abs().amax(1).eq(ck.LORA_MAX).all() and bq.abs().amax(1).eq(ck.LORA_MAX).all()
+    torch.testing.assert_close(aq.float() * sa[:, None], a, rtol=0, atol=float(sa.max()) / 2 + 1e-7)
     a, b = gated_lora(32, [16], [ck.MAX_LORA_COLUMNS + 8])
     assert ck.LoraWeights.of(a, b, [16]) is None  # t = A h would not fit the kernel's buffer
 

@@ -393,55 +393,81 @@ def gemv_rows(lib, xq: QRows, w: torch.Tensor, wsum: torch.Tensor, sw: torch.Ten
 LoraW = HEADER.structs["lora_w"]  # mars_kernels.h's lora_w as a ctypes.Structure
 
 
+LORA_MAX = 127  # the gated deltas' int8 range (float math: no pair sums to saturate, the whole range)
+
+
+def quantize_lora(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(A_q, s_a, B_q, s_b): a (R, k) and b (m, R) in int8, one float32 scale per row of A and per output of B
+    (rows of zeros: scale 0). A = A_q * s_a[:, None], B = B_q * s_b[:, None] to half a step."""
+    def rows(w):
+        s = w.abs().amax(dim=1) / LORA_MAX
+        q = torch.where(s[:, None] > 0, w / s.clamp_min(torch.finfo(torch.float32).tiny)[:, None], 0.0)
+        return q.round().to(torch.int8), s
+
+    return (*rows(a.float()), *rows(b.float()))
+
+
+def dequantized_lora(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deltas the C kernels add, as float32 (a, b): what the tensor ops use beside them."""
+    aq, sa, bq, sb = quantize_lora(a, b)
+    return aq.float() * sa[:, None], bq.float() * sb[:, None]
+
+
 class LoraWeights:
     """A fused Linear's gated deltas laid out for the C kernels: A transposed (k, R) and B's non-zero blocks
-    in blocks of LORA_BLOCK outputs, in float16; `None` from `of` where they do not fit that (see kernels.c)."""
+    in blocks of LORA_BLOCK outputs, in int8 with float32 scales (quantize_lora); `None` from `of` where they
+    do not fit that (see kernels.c)."""
 
-    def __init__(self, at: torch.Tensor, bt: torch.Tensor, seg: torch.Tensor):
-        check_tensor("at", at, torch.int16, (None, None))  # float16 bits
-        check_tensor("bt", bt, torch.int16, (None,))
+    def __init__(self, at: torch.Tensor, sa: torch.Tensor, bt: torch.Tensor, sb: torch.Tensor, seg: torch.Tensor):
+        check_tensor("at", at, torch.int8, (None, None))
+        check_tensor("sa", sa, torch.float32, (at.shape[1],))
+        check_tensor("bt", bt, torch.int8, (None,))
+        check_tensor("sb", sb, torch.float32, (None,))
         check_tensor("seg", seg, torch.long, (None,))
         if at.shape[1] % 16 or at.shape[1] > MAX_LORA_COLUMNS or seg.numel() % 5:
             raise ValueError(f"A's rank {at.shape[1]} (a multiple of 16, at most {MAX_LORA_COLUMNS}) or the "
                              f"segments ({seg.numel()} values, 5 each) do not fit the C delta")
-        self.at, self.bt, self.seg = at, bt, seg
+        self.at, self.sa, self.bt, self.sb, self.seg = at, sa, bt, sb, seg
         s = seg.view(-1, 5)  # first output, outputs, first column, columns, offset: every read within bt and t
         if len(s) and ((s[:, 2] + s[:, 3] > at.shape[1]).any()
                        or (s[:, 4] + -(-s[:, 1] // LORA_BLOCK) * LORA_BLOCK * s[:, 3] > bt.numel()).any()):
             raise ValueError("a segment of B reads past A's columns or B's values")
         self.m = int((s[:, 0] + s[:, 1]).max()) if len(s) else 0  # outputs written: [0, m)
+        if sb.numel() < self.m:
+            raise ValueError(f"B's scales cover {sb.numel()} outputs, its segments write {self.m}")
         # the same, as mars_kernels.h's lora_w (the tensors above keep the memory alive)
-        self.c = LoraW(at.data_ptr(), at.shape[1], at.shape[0], bt.data_ptr(), seg.data_ptr(), seg.numel() // 5)
+        self.c = LoraW(at.data_ptr(), sa.data_ptr(), at.shape[1], at.shape[0], bt.data_ptr(), sb.data_ptr(),
+                       seg.data_ptr(), seg.numel() // 5)
 
     @classmethod
     def of(cls, a: torch.Tensor, b: torch.Tensor, out_sizes: list[int]) -> "LoraWeights | None":
-        """a (R, k), b (m, R) block-diagonal by the fused modules' outputs `out_sizes` (GatedLoRA.fused), or
-        None when a value is not exactly a float16 (the float tensor ops keep them then) or R is too large."""
-        a, b = a.float(), b.float()
+        """a (R, k), b (m, R) block-diagonal by the fused modules' outputs `out_sizes` (GatedLoRA.fused), in
+        int8 (quantize_lora), or None when R is too large for the kernel's buffer (the float tensor ops then)."""
         R, k = a.shape
         Rp = -(-R // 16) * 16
-        if Rp > MAX_LORA_COLUMNS or not (torch.equal(a.half().float(), a) and torch.equal(b.half().float(), b)):
+        if Rp > MAX_LORA_COLUMNS:
             return None
-        at = torch.zeros(k, Rp, dtype=torch.float16)
-        at[:, :R] = a.t().half()
+        aq, sa, bq, sb = quantize_lora(a, b)
+        at = torch.zeros(k, Rp, dtype=torch.int8)
+        at[:, :R] = aq.t()
+        sap = torch.zeros(Rp)
+        sap[:R] = sa
         seg, blocks, off, o_lo = [], [], 0, 0
         for m in out_sizes:
-            part = b[o_lo:o_lo + m]
+            part = bq[o_lo:o_lo + m]
             cols = part.abs().sum(dim=0).nonzero().flatten()  # this module's block: its non-zero columns
             if len(cols):
                 r_lo, r_hi = int(cols[0]), int(cols[-1]) + 1
                 # blocks of LB outputs, each as (columns, LB): range_delta reads one contiguous piece per block
                 mp = -(-m // LORA_BLOCK) * LORA_BLOCK
-                piece = torch.zeros(mp, r_hi - r_lo)
+                piece = torch.zeros(mp, r_hi - r_lo, dtype=torch.int8)
                 piece[:m] = part[:, r_lo:r_hi]
-                blocks.append(piece.view(mp // LORA_BLOCK, LORA_BLOCK, -1).transpose(1, 2).contiguous().half().flatten())
+                blocks.append(piece.view(mp // LORA_BLOCK, LORA_BLOCK, -1).transpose(1, 2).contiguous().flatten())
                 seg += [o_lo, m, r_lo, r_hi - r_lo, off]
                 off += blocks[-1].numel()
             o_lo += m
-        bt = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.float16)
-        return cls(at.view(torch.int16), bt.view(torch.int16), torch.tensor(seg, dtype=torch.long))
-
-
+        bt = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.int8)
+        return cls(at, sap, bt, sb.contiguous(), torch.tensor(seg, dtype=torch.long))
 
 
 def lora_rows(lib, h: torch.Tensor, rows: torch.Tensor, w: LoraWeights, y: torch.Tensor) -> torch.Tensor:

@@ -40,15 +40,17 @@ the same instruction. With |W_q| <= 64 a pair's sum
 is at most 2 * 255 * 64 = 32640 < 2^15, so every CPU computes the same exact integers, and the int8 model's
 text is the same on the Space's AVX2 machine as here.
 
-The gated adapter's deltas (mars.models.gated) stay in float, added after the int8 product.
+The gated adapter's deltas (mars.models.gated) are stored in int8 with a float scale per row of A and per
+output of B (mars.runtime.kernels.quantize_lora: half the bytes of its float16), added in float after the
+int8 product at the mask rows only.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mars.runtime.kernels import (MAX_C_ROWS, OUTLIERS, LoraWeights, QRows, block_weights, gemv_rows, kernels,
-                                   padded, quant_rows, rmsnorm_quant, silu_mul_quant)
+from mars.runtime.kernels import (MAX_C_ROWS, OUTLIERS, LoraWeights, QRows, block_weights, dequantized_lora,
+                                   gemv_rows, kernels, padded, quant_rows, rmsnorm_quant, silu_mul_quant)
 from mars.runtime.linear import Gate, Linear, fuse
 
 WEIGHT_MAX = 64  # |W_q| bound: exact integer products on every x86 ISA (see the module docstring)
@@ -128,7 +130,10 @@ class Int8Linear(Linear):
         w, self.bias = fuse(mods)  # (out, in): q|k|v or gate|up side by side, and their bias (or None)
         w = w.float()
         dtype = mods[0].weight.dtype
-        self.lora = lora  # float deltas, added by Linear.__call__
+        # the gated deltas in int8 (kernels.quantize_lora: half the bytes of the adapter's float16, and the delta's
+        # cost at a pass with mask rows is streaming them), as floats for Linear's tensor ops, so that the C
+        # kernels and the tensor ops add the same delta to rounding
+        self.lora = None if lora is None else tuple(t.to(dtype) for t in dequantized_lora(*lora))
         self.out_features = w.shape[0]
         self.in_features = w.shape[1]
         self.dtype = torch.int8
@@ -142,8 +147,8 @@ class Int8Linear(Linear):
         self.packed = None  # oneDNN's copy, packed on the tensor ops' first product
         if self._lib is not None:  # the C product's copy: blocked by output channels, zero-padded, and row sums
             self.wblocked, self.wsum = block_weights(self._lib, qweight)
-        # the gated deltas for the C kernels (at the gated rows only, float16 weights widened exactly), or None:
-        # then the float tensor ops of Linear._delta add them
+        # the gated deltas for the C kernels (at the gated rows only), or None: then the tensor ops of
+        # Linear._delta add them
         self.lora_c = None
         if self._lib is not None and lora is not None:
             self.lora_c = LoraWeights.of(*lora, [m.weight.shape[0] for m in mods])

@@ -172,43 +172,28 @@ static inline float rescale(float acc, float out, float sx, float sw, const floa
 
 /* The gated adapter's delta at a few rows, added in place: y[g] += B (A h[g]) for each row index g in rows
    (row g of h and of y), as mars.runtime.linear.Linear._delta adds it at the rows whose gate is 1 (the other
-   rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 16) and B as segments,
-   one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
-   segment's B in bt, stored by blocks of outputs: range_delta): block_diag's zero blocks are never read. Both in
-   float16, the adapter's own values (it ships in float16), so widening them to float32 is exact.
-   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), so the
-   result does not depend on the thread count; then y += B t, split across threads by output. */
-static inline float half_to_float(uint16_t v) {
-    const uint32_t sign = (uint32_t)(v & 0x8000) << 16, e = (v >> 10) & 31, f = v & 1023;
-    uint32_t bits;
-    if (e == 31) bits = sign | 0x7f800000u | (f << 13);
-    else if (e) bits = sign | ((e + 112) << 23) | (f << 13);
-    else if (!f) bits = sign;
-    else {  /* subnormal: normalise */
-        int sh = 0;
-        uint32_t m = f;
-        while (!(m & 1024)) { m <<= 1; sh++; }
-        bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 1023) << 13);
-    }
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
-
+   rows got + 0 there, and nothing here). A and B are stored in int8 with a float scale per row of A and per
+   output of B (LoraWeights: the adapter's values to 1/254 of each row's largest, half the bytes of its
+   float16: the delta's cost is these bytes, streamed every pass that has a mask row). A is stored transposed
+   (k x R, R a multiple of 16) and B as segments, one per fused module (seg[5s..5s+4] = first output, outputs,
+   first column of t, columns, offset of the segment's B in bt, stored by blocks of outputs: range_delta):
+   block_diag's zero blocks are never read.
+   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), then
+   scaled, so the result does not depend on the thread count; then y += B t, split across threads by output. */
 #if defined(VL)
 /* part[r][j0 .. j0 + NV VL) for NR rows hr over c in [c0, c1): NR x NV independent fma chains, one per
    (row, vector of t), each over c ascending. Called with constant NR and NV (LP_CASE's switch) so that the
    accumulators stay in registers and the loop has no branch: with a runtime row count the loop ran ~3x
    slower than its fma chains allow (measured in isolation: R 48, one row, 1.36 us a half). */
-ALWAYS_INLINE void lp_tile(const uint16_t *at, int64_t R, int64_t c0, int64_t c1, const float *const *hr,
+ALWAYS_INLINE void lp_tile(const int8_t *at, int64_t R, int64_t c0, int64_t c1, const float *const *hr,
                            const int NR, const int NV, int64_t j0, float part[][MAXR]) {
     vf acc[4][4];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
     for (int64_t c = c0; c < c1; c++) {
-        const uint16_t *ar = at + c * R + j0;
+        const int8_t *ar = at + c * R + j0;
         vf av[4];
-        for (int v = 0; v < NV; v++) av[v] = VLOADH(ar + v * VL);
+        for (int v = 0; v < NV; v++) av[v] = VLOADI8(ar + v * VL);
         for (int r = 0; r < NR; r++) {
             const vf hb = VSET1(hr[r][c]);
             for (int v = 0; v < NV; v++) acc[r][v] = VFMA(av[v], hb, acc[r][v]);
@@ -225,11 +210,12 @@ ALWAYS_INLINE void lp_tile(const uint16_t *at, int64_t R, int64_t c0, int64_t c1
     default: lp_tile(at, R, c0, c1, hr, 4, NV, j0, OUT); break; \
     }
 #endif
-/* part[i][j] = sum over c in half p of k of A[j][c] * h[rows[i]][c]: t = A h is the sum of the two halves */
+/* part[i][j] = sum over c in half p of k of at[c R + j] * h[rows[i]][c]: t = A h is the sum of the two halves
+   times sa (lora_t) */
 static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, const int64_t *rows, int64_t n,
                       float part[][MAXR]) {
     const int64_t k = lw->k, R = lw->R;
-    const uint16_t *at = lw->at;
+    const int8_t *at = lw->at;
     const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
 #if defined(VL)
     /* up to 4 rows by up to 4 vectors of t (AVX2: 2, its 16 registers) at a time */
@@ -252,7 +238,7 @@ static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, cons
         const float *hr = h + rows[i] * ldh;
         for (int64_t j = 0; j < R; j++) {
             float acc = 0.0f;
-            for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[c], acc);
+            for (int64_t c = c0; c < c1; c++) acc = fmaf((float)at[c * R + j], hr[c], acc);
             part[i][j] = acc;
         }
     }
@@ -263,14 +249,14 @@ static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, cons
 #if defined(VL)
 /* NV vectors of outputs from o (B pieces bb[v] for each) for NR rows: NR x NV independent fma chains, each
    output its own chain over jj ascending, then added to y. Constant NR and NV (BD_CASE's switch). */
-ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAXR], int64_t r_lo, const int64_t *rows,
-                           const int NR, const int NV, int64_t o, float *y, int64_t ldy) {
+ALWAYS_INLINE void bd_tile(const int8_t *const *bb, int64_t r_n, float t[][MAXR], int64_t r_lo, const int64_t *rows,
+                           const int NR, const int NV, int64_t o, const float *sb, float *y, int64_t ldy) {
     vf acc[4][4];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
     for (int64_t jj = 0; jj < r_n; jj++) {
         vf bv[4];
-        for (int v = 0; v < NV; v++) bv[v] = VLOADH(bb[v] + jj * LB);
+        for (int v = 0; v < NV; v++) bv[v] = VLOADI8(bb[v] + jj * LB);
         for (int r = 0; r < NR; r++) {
             const vf tb = VSET1(t[r][r_lo + jj]);
             for (int v = 0; v < NV; v++) acc[r][v] = VFMA(bv[v], tb, acc[r][v]);
@@ -279,21 +265,21 @@ ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAX
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < NV; v++) {
             float *yo = y + rows[r] * ldy + o + v * VL;
-            VSTORE(yo, VADD(VLOAD(yo), acc[r][v]));
+            VSTORE(yo, VADD(VLOAD(yo), VMUL(acc[r][v], VLOAD(sb + o + v * VL))));
         }
 }
 #define BD_CASE(NV) \
     switch (nr) { \
-    case 1: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 1, NV, o, y, ldy); break; \
-    case 2: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 2, NV, o, y, ldy); break; \
-    case 3: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 3, NV, o, y, ldy); break; \
-    default: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 4, NV, o, y, ldy); break; \
+    case 1: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 1, NV, o, sb, y, ldy); break; \
+    case 2: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 2, NV, o, sb, y, ldy); break; \
+    case 3: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 3, NV, o, sb, y, ldy); break; \
+    default: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 4, NV, o, sb, y, ldy); break; \
     }
 #endif
 /* y[rows[i]][o] += (B t[i])[o] for the outputs o in [o0, o1) (any range: a thread's share of a product, after
-   it). A segment's B is stored in blocks of LB outputs, each block's columns one after another (LB float16
+   it). A segment's B is stored in blocks of LB outputs, each block's columns one after another (LB int8
    each), so a block of outputs reads one contiguous piece. Each output is its own sum of fmas over jj
-   ascending, then added to y: the same bits from every caller, vector width, thread or range. Vectors: up to 4
+   ascending, times its scale sb[o], then added to y: the same bits from every caller, vector width, thread or range. Vectors: up to 4
    rows by 4 vectors of outputs at a time (AVX2: 2), so that even one row has independent chains (one vector
    at a time left the core waiting on each fma). */
 static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, int64_t n, int64_t o0,
@@ -303,7 +289,8 @@ static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, 
         const int64_t o_lo = sg[0], lo = o0 > o_lo ? o0 : o_lo, hi = o1 < o_lo + sg[1] ? o1 : o_lo + sg[1];
         if (lo >= hi) continue;
         const int64_t r_lo = sg[2], r_n = sg[3];
-        const uint16_t *bs = lw->bt + sg[4];
+        const int8_t *bs = lw->bt + sg[4];
+        const float *sb = lw->sb;
         int64_t o_vec = lo;  /* outputs [lo, o_vec) are done by vectors, the rest one by one */
 #if defined(VL)
         if ((lo - o_lo) % VL == 0) {
@@ -311,7 +298,7 @@ static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, 
             o_vec = lo + (hi - lo) / VL * VL;
             for (int64_t o = lo; o < o_vec;) {
                 const int64_t nv = (o_vec - o) / VL < vmax ? (o_vec - o) / VL : vmax;
-                const uint16_t *bb[4];
+                const int8_t *bb[4];
                 for (int64_t v = 0; v < nv; v++) {
                     const int64_t d = o + v * VL - o_lo, q = d % LB;
                     bb[v] = bs + (d - q) * r_n + q;  /* output o + v VL's value for column jj: bb[v][jj * LB] */
@@ -332,10 +319,10 @@ static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, 
             const float *ti = t[i] + r_lo;
             for (int64_t o = o_vec; o < hi; o++) {
                 const int64_t d = o - o_lo, q = d % LB;
-                const uint16_t *bb = bs + (d - q) * r_n + q;
+                const int8_t *bb = bs + (d - q) * r_n + q;
                 float acc = 0.0f;
-                for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf(half_to_float(bb[jj * LB]), ti[jj], acc);
-                yr[o] = yr[o] + acc;
+                for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf((float)bb[jj * LB], ti[jj], acc);
+                yr[o] = yr[o] + acc * sb[o];
             }
         }
     }
@@ -365,7 +352,7 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
         /* y[g] += B t, split by blocks of outputs across threads: each thread sums the halves itself */
         float t[MAXROWS][MAXR];
         for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
+            for (int64_t j = 0; j < lw->R; j++) t[i][j] = (part[0][i][j] + part[1][i][j]) * lw->sa[j];
         int64_t b_lo, b_hi;
         thread_share((m + LB - 1) / LB, &b_lo, &b_hi);
         range_delta(lw, t, rows, n, b_lo * LB, b_hi * LB < m ? b_hi * LB : m, y, ldy);
@@ -383,7 +370,7 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
         STAGE0(12)                                                                                          \
         _Pragma("omp barrier")                                                                              \
         for (int64_t i = 0; i < ng; i++)                                                                    \
-            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];                   \
+            for (int64_t j = 0; j < lw->R; j++) t[i][j] = (part[0][i][j] + part[1][i][j]) * lw->sa[j];     \
     }
 
 /* The integer product for up to MARS_MAX_ROWS rows, fused with the rescale: y (n x m, row stride ldy) from

@@ -27,11 +27,13 @@
 #define MARS_ISA_AVX512 2
 #define MARS_ISA_AVX512_VNNI 3
 
-/* One fused Linear's gated deltas (LoraWeights in Python): see mars_lora_rows. */
+/* One fused Linear's gated deltas (LoraWeights in Python), in int8 with float scales: see mars_lora_rows. */
 typedef struct {
-    const uint16_t *at;  /* A transposed, k x R, float16 bits */
+    const int8_t *at;    /* A transposed, k x R: A[j][c] = at[c R + j] * sa[j] */
+    const float *sa;     /* R scales, one per row of A */
     int64_t R, k;
-    const uint16_t *bt;  /* the segments' B transposed, float16 bits */
+    const int8_t *bt;    /* the segments' B, by blocks of outputs: B[o][j] = value * sb[o] */
+    const float *sb;     /* one scale per output (every output of the fused Linear) */
     const int64_t *seg;  /* 5 per segment: first output, outputs, first column of t, columns, offset in bt */
     int64_t nseg;
 } lora_w;
