@@ -76,13 +76,14 @@ def make(model, name: str, capacity: int, batch: int = 1):
 
 
 def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_len: int, seed: int = 0,
-            mask_id: int | None = None, batch: int = 1) -> dict:
+            mask_id: int | None = None, batch: int = 1, clock=time.perf_counter) -> dict:
     """ms per pass for every backend and width: {"median": {backend: {W: ms}}, "min": ...}.
 
     `model` may be a dict {suffix: model} (e.g. the bare model and one with an adapter): every backend then
     runs on each, named backend + suffix. `mask_id`: every window input after the first is the mask token,
     as in a MARS pass (a gated adapter acts at those rows only). `batch`: each pass feeds that many rows of W
-    inputs (every row its own prompt), as a batched decode does."""
+    inputs (every row its own prompt), as a batched decode does. `clock`: time.perf_counter (wall), or
+    time.process_time (the process's CPU seconds: on a machine other processes load, with one thread)."""
     models = model if isinstance(model, dict) else {"": model}
     g = torch.Generator().manual_seed(seed)
     vocab = next(iter(models.values())).config.vocab_size
@@ -111,11 +112,11 @@ def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_l
     for r in range(rounds + 1):  # round 0 warms up every kernel
         for W in widths:
             for name, be in runs.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 out = be.forward(*inputs[W])
                 if out is not None and out.is_cuda:  # a GPU runs ahead of the host: time the pass, not its launch
                     torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
+                dt = clock() - t0
                 be.truncate(prompt_len)
                 if r:
                     times[(name, W)].append(dt)
@@ -176,6 +177,9 @@ def main(argv=None) -> int:
                          "named <backend>+adapter, interleaved with the bare model's")
     ap.add_argument("--masks", action="store_true",
                     help="window inputs after the first are the mask token, as in a MARS pass")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU seconds, not wall-clock: on a machine that other processes load "
+                         "(2 threads' OpenMP waits then cost whole time slices), with --threads 1")
     ap.add_argument("--batch", type=int, default=1, help="rows a pass feeds, each W inputs after its own prompt")
     ap.add_argument("--out", default=None, help="also write the table as JSON here")
     args = ap.parse_args(argv)
@@ -188,10 +192,11 @@ def main(argv=None) -> int:
         with_adapter = load(args.model, adapter=args.adapter, dtype=args.dtype, device=args.device)
         models["+adapter" + (" (gated)" if with_adapter.gated else "")] = with_adapter.model
     result = measure(models, args.backends, args.widths, args.rounds, args.prompt_len,
-                     mask_id=lm.mask_token_id if args.masks else None, batch=args.batch)
+                     mask_id=lm.mask_token_id if args.masks else None, batch=args.batch,
+                     clock=time.process_time if args.clock == "cpu" else time.perf_counter)
     for stat in ("median", "min"):
         print(f"\nms per pass ({stat} of {args.rounds} rounds) and ratio to the {args.widths[0]}-input pass; "
-              f"{args.threads} thread(s), cached prefix {args.prompt_len}, batch {args.batch}")
+              f"{args.threads} thread(s), cached prefix {args.prompt_len}, batch {args.batch}, {args.clock} clock")
         print(format_table(result[stat], args.widths))
     for name, row in result["min"].items():
         for w, v, ratio in costlier_than_wider(row):

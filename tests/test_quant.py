@@ -194,6 +194,10 @@ def test_pass_cost_times_int8_beside_float(load_script):
     assert set(res["median"]) == {"fast", "fast-int8", "floor", "floor-int8"}
     assert all(ms > 0 for row in res["median"].values() for ms in row.values())
     assert "fast-int8" in pc.format_table(res["median"], [1, 4])
+    import time
+
+    two = pc.measure(lm.model, ["fast-int8"], [1, 3], rounds=1, prompt_len=8, batch=2, clock=time.process_time)
+    assert all(ms > 0 for ms in two["min"]["fast-int8"].values())  # 2 rows of 3 inputs a pass, CPU seconds
 
 
 def test_backend_quality_reports_int8_against_float():
