@@ -16,6 +16,7 @@ reported. `fast:<layout>` runs the fast path with one matrix layout (mars.runtim
     python -m benchmarks.pass_cost --threads 2 --backends fast fast-int8 floor floor-int8 --widths 1 2 5 8
     python -m benchmarks.pass_cost --backends fast static --widths 1 4 7 8   # the fixed-shape path (mars.runtime.static)
     python -m benchmarks.pass_cost --threads 2 --backends fast fast-int8-ops fast-int8 --widths 1 2 4 7   # the C layers
+    python -m benchmarks.pass_cost --threads 2 --backends fast-int8 --widths 1 5 9 --batch 4   # 4 rows a pass
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class Floor:
         pass
 
 
-def make(model, name: str, capacity: int):
+def make(model, name: str, capacity: int, batch: int = 1):
     """'hf', 'floor', 'floor-int8' (int8 matrices' products only), 'fast', 'fast-bf16', 'fast-int8', 'static',
     'fast-int8-ops' (int8 without the C layer loop: the per-layer tensor ops and SDPA), or 'fast:<layout>' /
     'fast-bf16:<layout>' to compare matrix layouts."""
@@ -65,54 +66,57 @@ def make(model, name: str, capacity: int):
     if name == "static":
         from mars.runtime.static import StaticBackend
 
-        return StaticBackend(model, 1, capacity)
+        return StaticBackend(model, batch, capacity)
     if name in ("floor", "floor-int8"):
         return Floor(model, torch.int8 if name == "floor-int8" else None)
     if name == "fast-int8-ops":
-        return FastBackend(fast_model(model, torch.int8, c_layers=False), 1, capacity)
+        return FastBackend(fast_model(model, torch.int8, c_layers=False), batch, capacity)
     base, _, layout = name.partition(":")
-    return FastBackend(fast_model(model, WEIGHT_DTYPES.get(base), layout or "auto"), 1, capacity)
+    return FastBackend(fast_model(model, WEIGHT_DTYPES.get(base), layout or "auto"), batch, capacity)
 
 
 def measure(model, backends: list[str], widths: list[int], rounds: int, prompt_len: int, seed: int = 0,
-            mask_id: int | None = None) -> dict:
+            mask_id: int | None = None, batch: int = 1, clock=time.perf_counter) -> dict:
     """ms per pass for every backend and width: {"median": {backend: {W: ms}}, "min": ...}.
 
     `model` may be a dict {suffix: model} (e.g. the bare model and one with an adapter): every backend then
     runs on each, named backend + suffix. `mask_id`: every window input after the first is the mask token,
-    as in a MARS pass (a gated adapter acts at those rows only)."""
+    as in a MARS pass (a gated adapter acts at those rows only). `batch`: each pass feeds that many rows of W
+    inputs (every row its own prompt), as a batched decode does. `clock`: time.perf_counter (wall), or
+    time.process_time (the process's CPU seconds: on a machine other processes load, with one thread)."""
     models = model if isinstance(model, dict) else {"": model}
     g = torch.Generator().manual_seed(seed)
     vocab = next(iter(models.values())).config.vocab_size
     device = next(next(iter(models.values())).parameters()).device
-    prompt = torch.randint(100, vocab, (1, prompt_len), generator=g).to(device)
+    prompt = torch.randint(100, vocab, (batch, prompt_len), generator=g).to(device)
     runs = {}
     for suffix, m in models.items():
         for name in backends:
-            be = make(m, name, prompt_len + max(widths) + 1)
+            be = make(m, name, prompt_len + max(widths) + 1, batch)
             causal = torch.tril(torch.ones(prompt_len, prompt_len, dtype=torch.bool, device=device))[None]
-            be.forward(prompt, torch.arange(prompt_len, device=device)[None], causal, [prompt_len - 1])
+            be.forward(prompt, torch.arange(prompt_len, device=device).expand(batch, -1), causal.expand(batch, -1, -1),
+                       [prompt_len - 1])
             runs[name + suffix] = be
     backends = list(runs)
     inputs = {}
     for W in widths:
-        ids = torch.randint(100, vocab, (1, W), generator=g)
+        ids = torch.randint(100, vocab, (batch, W), generator=g)
         if mask_id is not None:
-            ids[0, 1:] = mask_id
-        pos = torch.arange(prompt_len, prompt_len + W)[None]
-        allowed = torch.ones(1, W, prompt_len + W, dtype=torch.bool)
-        allowed[0, :, prompt_len:] = torch.tril(torch.ones(W, W, dtype=torch.bool))
+            ids[:, 1:] = mask_id
+        pos = torch.arange(prompt_len, prompt_len + W).expand(batch, -1)
+        allowed = torch.ones(batch, W, prompt_len + W, dtype=torch.bool)
+        allowed[:, :, prompt_len:] = torch.tril(torch.ones(W, W, dtype=torch.bool))
         ids, pos, allowed = ids.to(device), pos.to(device), allowed.to(device)
         inputs[W] = (ids, pos, allowed, list(range(W)))
     times = {(n, W): [] for n in backends for W in widths}
     for r in range(rounds + 1):  # round 0 warms up every kernel
         for W in widths:
             for name, be in runs.items():
-                t0 = time.perf_counter()
+                t0 = clock()
                 out = be.forward(*inputs[W])
                 if out is not None and out.is_cuda:  # a GPU runs ahead of the host: time the pass, not its launch
                     torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
+                dt = clock() - t0
                 be.truncate(prompt_len)
                 if r:
                     times[(name, W)].append(dt)
@@ -173,6 +177,10 @@ def main(argv=None) -> int:
                          "named <backend>+adapter, interleaved with the bare model's")
     ap.add_argument("--masks", action="store_true",
                     help="window inputs after the first are the mask token, as in a MARS pass")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU seconds, not wall-clock: on a machine that other processes load "
+                         "(2 threads' OpenMP waits then cost whole time slices), with --threads 1")
+    ap.add_argument("--batch", type=int, default=1, help="rows a pass feeds, each W inputs after its own prompt")
     ap.add_argument("--out", default=None, help="also write the table as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -184,17 +192,18 @@ def main(argv=None) -> int:
         with_adapter = load(args.model, adapter=args.adapter, dtype=args.dtype, device=args.device)
         models["+adapter" + (" (gated)" if with_adapter.gated else "")] = with_adapter.model
     result = measure(models, args.backends, args.widths, args.rounds, args.prompt_len,
-                     mask_id=lm.mask_token_id if args.masks else None)
+                     mask_id=lm.mask_token_id if args.masks else None, batch=args.batch,
+                     clock=time.process_time if args.clock == "cpu" else time.perf_counter)
     for stat in ("median", "min"):
         print(f"\nms per pass ({stat} of {args.rounds} rounds) and ratio to the {args.widths[0]}-input pass; "
-              f"{args.threads} thread(s), cached prefix {args.prompt_len}")
+              f"{args.threads} thread(s), cached prefix {args.prompt_len}, batch {args.batch}, {args.clock} clock")
         print(format_table(result[stat], args.widths))
     for name, row in result["min"].items():
         for w, v, ratio in costlier_than_wider(row):
             print(f"warning: {name}: a {w}-input pass costs {ratio:.2f}x a {v}-input one (min of rounds): a slow "
                   f"route for {w} inputs")
     if args.out:
-        Path(args.out).write_text(json.dumps({"threads": args.threads, "prompt_len": args.prompt_len,
+        Path(args.out).write_text(json.dumps({"threads": args.threads, "prompt_len": args.prompt_len, "batch": args.batch,
                                               "ms_per_pass": result}, indent=2))
     return 0
 

@@ -49,11 +49,11 @@ def test_each_source_compiles_alone_with_warnings_as_errors(isa, tmp_path):
 
 
 def test_header_gives_the_limits_and_every_prototype():
-    assert ck.MAX_C_ROWS == 16 and ck.MAX_LORA_COLUMNS == 256 and ck.LORA_BLOCK == 16 and ck.PAD == 64
+    assert ck.MAX_C_ROWS == 64 and ck.OUTLIERS == 8 and ck.MAX_LORA_COLUMNS == 256 and ck.LORA_BLOCK == 16 and ck.PAD == 64
     f = ck.HEADER.functions
     assert f["mars_layers"][0] is ctypes.c_int and len(f["mars_layers"][1]) == 20
-    assert f["mars_rmsnorm_quant"][1][5] is ctypes.c_float  # eps by value, not a pointer
-    assert f["mars_block"] == (ctypes.c_int, []) and f["mars_quant_rows2"][0] is None
+    assert f["mars_rmsnorm_quant"][1][4] is ctypes.c_float  # eps by value, not a pointer
+    assert f["mars_block"] == (ctypes.c_int, []) and f["mars_quant_rows"][0] is None
     assert [n for n, _ in ck.HEADER.structs["layer_c"]._fields_] == ["ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu",
                                                                       "down"]
 
@@ -100,46 +100,52 @@ def test_wrappers_refuse_tensors_that_would_corrupt_memory():
     lib = ck.kernels()
     x = torch.randn(3, 64)
     with pytest.raises(TypeError, match="x must be torch.float32"):
-        ck.quant_rows2(lib, x.double())
+        ck.quant_rows(lib, x.double())
     with pytest.raises(ValueError, match="contiguous rows"):
-        ck.quant_rows2(lib, torch.randn(64, 3).t())
+        ck.quant_rows(lib, torch.randn(64, 3).t())
     with pytest.raises(ValueError, match="shape"):
-        ck.quant_rows2(lib, x[None])
+        ck.quant_rows(lib, x[None])
     with pytest.raises(ValueError, match="on the CPU"):
-        ck.quant_rows2(lib, torch.empty(3, 64, device="meta"))
+        ck.quant_rows(lib, torch.empty(3, 64, device="meta"))
     with pytest.raises(ValueError, match="shorter"):
-        ck.quant_rows2(lib, x, 32)
+        ck.quant_rows(lib, x, 32)
     with pytest.raises(ValueError, match=r"w must have shape \(64,\)"):
         ck.rmsnorm_quant(lib, x, torch.ones(32), 1e-6)
     with pytest.raises(ValueError, match="even width"):
         ck.silu_mul_quant(lib, torch.randn(3, 63))
     q, sw = quantize_weight(torch.randn(40, 64))
     blocked, wsum = ck.block_weights(lib, q)
-    xq, sx = ck.quant_rows2(lib, x, 64)
-    y = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None)
+    xq = ck.quant_rows(lib, x, 64)
+    y = ck.gemv_rows(lib, xq, blocked, wsum, sw, None)
     assert y.shape == (3, 40)
+    with pytest.raises(TypeError, match="xq must be QRows"):
+        ck.gemv_rows(lib, xq.q, blocked, wsum, sw, None)
     with pytest.raises(ValueError, match="w must have shape"):
-        ck.gemv_rows2(lib, xq, blocked[:-1], wsum, sx, sw, None)  # a block of weights short
+        ck.gemv_rows(lib, xq, blocked[:-1], wsum, sw, None)  # a block of weights short
     with pytest.raises(ValueError, match="multiple of 64"):
-        ck.gemv_rows2(lib, xq[:, :48].contiguous(), blocked, wsum, sx, sw, None)
+        ck.gemv_rows(lib, ck.QRows(xq.q[:, :48].contiguous(), xq.sx, xq.ov, xq.oi), blocked, wsum, sw, None)
+    with pytest.raises(TypeError, match="oi must be torch.int32"):
+        ck.QRows(xq.q, xq.sx, xq.ov, xq.oi.long())
+    with pytest.raises(ValueError, match="ov must have shape"):
+        ck.QRows(xq.q, xq.sx, xq.ov[:, :2].contiguous(), xq.oi)
     with pytest.raises(TypeError, match="wsum must be torch.int32"):
-        ck.gemv_rows2(lib, xq, blocked, wsum.long(), sx, sw, None)
+        ck.gemv_rows(lib, xq, blocked, wsum.long(), sw, None)
     with pytest.raises(ValueError, match="res must have shape"):
-        ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, torch.zeros(3, 39))
+        ck.gemv_rows(lib, xq, blocked, wsum, sw, None, torch.zeros(3, 39))
     with pytest.raises(ValueError, match="bias must have shape"):
-        ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, torch.zeros(41))
+        ck.gemv_rows(lib, xq, blocked, wsum, sw, torch.zeros(41))
+    with pytest.raises(ValueError, match="out must have shape"):
+        ck.gemv_rows(lib, xq, blocked, wsum, sw, None, out=torch.zeros(3, 41))
     from test_cpu_kernels import gated_lora
 
     a, b = gated_lora(64, [40], [16])
     lw = ck.LoraWeights.of(a, b, [40])
     with pytest.raises(ValueError, match=r"in \[0, 3\)"):
-        ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, None, (x, torch.tensor([0, 3]), lw))  # row 3 of 3
+        ck.gemv_rows(lib, xq, blocked, wsum, sw, None, None, (x, torch.tensor([0, 3]), lw))  # row 3 of 3
     with pytest.raises(TypeError, match="rows must be torch.int64"):
         ck.lora_rows(lib, x, torch.tensor([0], dtype=torch.int32), lw, torch.zeros(3, 40))
     with pytest.raises(ValueError, match="writes 40 outputs"):
         ck.lora_rows(lib, x, torch.tensor([0]), lw, torch.zeros(3, 20))
-    with pytest.raises(ValueError, match="even number of rows"):
-        ck.combine_rows2(lib, torch.zeros(5, 40), sx, sw, None)
 
 
 @needs_c

@@ -2,6 +2,7 @@
 obvious versions in mars/runtime/quant.py), bit for bit where they promise it, and the int8 matrices with and
 without them."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mars.runtime import kernels as ck
-from mars.runtime.quant import Int8Linear, quantize_rows2, quantize_weight, reference_linear
+from mars.runtime.quant import Int8Linear, outlier_sums, quantize_rows, quantize_weight, reference_linear
 from mars.runtime.scoring import C_SCORING
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,31 +30,51 @@ def rows(n, k, seed=0):
     return x
 
 
+def same_rows(got: ck.QRows, x: torch.Tensor) -> bool:
+    """The C kernels' rows of x are quantize_rows's, bit for bit (int8 row, scale, outliers and their columns)."""
+    q, sx, ov, oi = quantize_rows(x)
+    k = x.shape[1]
+    return (torch.equal((got.q[:, :k] ^ 128).view(torch.int8), q) and torch.equal(got.sx, sx)
+            and torch.equal(got.ov, ov) and torch.equal(got.oi.long(), oi))
+
+
 @needs_c
-@pytest.mark.parametrize("n,k", [(1, 576), (5, 96), (3, 19)])
+@pytest.mark.parametrize("n,k", [(1, 576), (5, 96), (3, 19), (2, 5)])  # k 5: fewer values than outliers
 def test_quantized_rows_equal_the_tensor_ops_bit_for_bit(n, k):
     x = rows(n, k)
-    ref, ref_sx = quantize_rows2(x)
     kp = ck.padded(k)
-    got, sx = ck.quant_rows2(lib, x, kp)
-    assert got.shape == (2 * n, kp) and torch.equal(sx, ref_sx)
-    assert torch.equal((got[:, :k] ^ 128).view(torch.int8), ref)
+    got = ck.quant_rows(lib, x, kp)
+    assert got.q.shape == (n, kp) and same_rows(got, x)
     w = torch.randn(k) + 1
-    h, hq, hsx = ck.rmsnorm_quant(lib, x, w, 1e-5, kp)
+    h, hq = ck.rmsnorm_quant(lib, x, w, 1e-5, kp)
     torch.testing.assert_close(h, F.rms_norm(x, (k,), w, 1e-5), rtol=2e-6, atol=1e-6)  # the mean summed in double
-    q2, s2 = quantize_rows2(h)  # its rows quantized exactly as the plain ones
-    assert torch.equal((hq[:, :k] ^ 128).view(torch.int8), q2) and torch.equal(hsx, s2)
+    assert same_rows(hq, h)  # its rows quantized exactly as the plain ones
     gu = rows(n, 2 * k, seed=1)
-    a, aq, asx = ck.silu_mul_quant(lib, gu, kp)
+    a, aq = ck.silu_mul_quant(lib, gu, kp)
     torch.testing.assert_close(a, F.silu(gu[:, :k]) * gu[:, k:], rtol=1e-6, atol=1e-6)
-    q3, s3 = quantize_rows2(a)
-    assert torch.equal((aq[:, :k] ^ 128).view(torch.int8), q3) and torch.equal(asx, s3)
+    assert same_rows(aq, a)
+
+
+def test_quantized_rows_keep_the_largest_values_apart():
+    """The rule by hand: the OUTLIERS largest |x| (ties: the earlier column) in float, the rest on a grid set
+    by the largest value left; a row of only zeros gives zeros and a finite scale."""
+    x = torch.zeros(2, 40)
+    x[0, :20] = torch.arange(1, 21).float() / 20  # 0.05 .. 1.0
+    x[0, 30] = -1000.0  # a huge value: an outlier, not the grid's scale
+    x[0, 31] = 1.0  # ties with column 19: column 19 is kept first
+    q, sx, ov, oi = quantize_rows(x)
+    want = [30, 19, 31, *range(18, 18 - (ck.OUTLIERS - 3), -1)]  # by |x|; 19 before 31 (equal, earlier)
+    assert oi[0].tolist() == want and torch.equal(ov[0], x[0, want])
+    left = 20 - (ck.OUTLIERS - 2)  # the largest value left: column left - 1
+    assert sx[0] == x[0, left - 1] / 127 and q[0, left - 1] == 127
+    assert q[0, want].eq(0).all() and q[0].abs().max() <= 127
+    assert q[1].eq(0).all() and ov[1].eq(0).all() and torch.isfinite(sx).all()
 
 
 @needs_c
 @pytest.mark.parametrize("m,k", [(37, 19), (48, 96), (960, 576), (16, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_c_product_equals_the_integer_product_and_onednns_rescale(m, k, bias):
+def test_c_product_equals_the_integer_product_and_the_tensor_rescale(m, k, bias):
     g = torch.Generator().manual_seed(m + k)
     w = torch.randn(m, k, generator=g)
     q, sw = quantize_weight(w)
@@ -61,17 +82,18 @@ def test_c_product_equals_the_integer_product_and_onednns_rescale(m, k, bias):
     blocked, wsum = ck.block_weights(lib, q)
     assert torch.equal(wsum, q.sum(1, dtype=torch.int32))
     kp = ck.padded(k)
-    for n in range(1, ck.MAX_C_ROWS + 1):
+    for n in (*range(1, 18), ck.MAX_C_ROWS - 1, ck.MAX_C_ROWS):
         x = rows(n, k, seed=n)
-        xq, sx = ck.quant_rows2(lib, x, kp)
+        xq = ck.quant_rows(lib, x, kp)
         res = torch.randn(n, m, generator=g)
-        y = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, b, res)
-        exact = ((xq[:, :k].long() - 128) @ q.long().T).float()  # (2n, m) integer sums, exactly
-        torch.testing.assert_close(y, ck.combine_rows2(lib, exact.contiguous(), sx, sw, b, res), rtol=0, atol=0)
+        y = ck.gemv_rows(lib, xq, blocked, wsum, sw, b, res)
+        exact = ((xq.q[:, :k].long() - 128) @ q.long().T).float()  # (n, m) integer sums, exactly
+        want = (exact * xq.sx[:, None] + outlier_sums(xq.ov, xq.oi.long(), q)) * sw
+        want = res + (want if b is None else want + b)
+        assert torch.equal(y, want), n  # the tensor ops' rescale, in the same order: the same bits
         torch.testing.assert_close(y - res, reference_linear(x, w, b), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="at most"):
-        xq, sx = ck.quant_rows2(lib, rows(ck.MAX_C_ROWS + 1, k), kp)
-        ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, b)
+        ck.gemv_rows(lib, ck.quant_rows(lib, rows(ck.MAX_C_ROWS + 1, k), kp), blocked, wsum, sw, b)
 
 
 def fused_linear(shapes, seed=0, bias=False):
@@ -88,7 +110,7 @@ def fused_linear(shapes, seed=0, bias=False):
 
 
 @needs_c
-@pytest.mark.parametrize("n", [1, 3, 16, 20])  # 20 rows: oneDNN's product with the C rescale
+@pytest.mark.parametrize("n", [1, 3, 16, 70])  # 70 rows: the C product in tiles of MAX_C_ROWS
 def test_int8_matrix_steps_with_and_without_the_c_loops(n):
     """Every step the layer calls (the matrix, RMSNorm before it, SiLU * up before it, the residual after it)
     gives the same numbers through the C loops as through the tensor ops, to float rounding.
@@ -103,7 +125,7 @@ def test_int8_matrix_steps_with_and_without_the_c_loops(n):
     x = rows(n, 64)[None]
     w = torch.rand(64, generator=torch.Generator().manual_seed(n)) + 0.5
     torch.testing.assert_close(c(x), plain(x), rtol=1e-5, atol=1e-5)
-    h, _, _ = ck.rmsnorm_quant(lib, x[0], w, 1e-6)
+    h, _ = ck.rmsnorm_quant(lib, x[0], w, 1e-6)
     torch.testing.assert_close(c.normed(x, w, 1e-6), plain(h[None]), rtol=1e-5, atol=1e-5)
     res = torch.randn(1, n, 64)
     torch.testing.assert_close(c.add_to(res, x), res + plain(x), rtol=1e-5, atol=1e-5)
@@ -111,7 +133,7 @@ def test_int8_matrix_steps_with_and_without_the_c_loops(n):
     plain_down = Int8Linear(fused_linear([(64, 32)]))
     plain_down._lib = None
     gu = rows(n, 64, seed=3)[None]
-    a, _, _ = ck.silu_mul_quant(lib, gu[0])
+    a, _ = ck.silu_mul_quant(lib, gu[0])
     torch.testing.assert_close(down.add_silu_to(res, gu), res + plain_down(a[None]), rtol=1e-5, atol=1e-5)
 
 
@@ -140,20 +162,21 @@ q, sw = quantize_weight(torch.randn(40, 96, generator=g))
 q[0] = 64; q[1] = -64  # the largest pair sums vpmaddubsw sees
 blocked, wsum = ck.block_weights(lib, q)
 x = torch.randn(6, 96, generator=g) * 7
-xq, sx = ck.quant_rows2(lib, x, ck.padded(96))
-y = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None)
+xq = ck.quant_rows(lib, x, ck.padded(96))
+y = ck.gemv_rows(lib, xq, blocked, wsum, sw, None)
 a, b, outs = (t.to(torch.float32) for t in torch.load(sys.argv[2]).values())
 h, d = torch.randn(6, a.shape[1], generator=g), torch.randn(6, b.shape[0], generator=g)
 ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, outs.long().tolist()), d)
-hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
-a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
+hn, hq = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
+a, aq = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
 logits = torch.randn(3, 1000, generator=g) * 5
 from mars.runtime.cpu_layers import attend
 att = []
 for c in torch.load(sys.argv[3]):  # attention cases: (qkv, cos, sin, k, v, C, allowed, H, KV)
     qkv, cos, sin, k, v, C, allowed, H, KV = c
     att.append((attend(lib, qkv, cos, sin, k, v, C, allowed, H, KV), k, v, qkv))
-torch.save({"block": lib.mars_block(), "y": y, "xq": xq, "lora": d, "norm": (hn, hq), "silu": (a, aq),
+torch.save({"block": lib.mars_block(), "y": y, "xq": (xq.q, xq.sx, xq.ov, xq.oi), "lora": d,
+            "norm": (hn, hq.q, hq.ov), "silu": (a, aq.q, aq.ov),
             "argmax": ck.argmax_conf(logits), "top": ck.top_probs(logits, 5), "attend": att}, sys.argv[1])
 """
 
@@ -195,16 +218,17 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
     q[1] = -64
     blocked, wsum = ck.block_weights(lib, q)
     x = torch.randn(6, 96, generator=g) * 7
-    xq, sx = ck.quant_rows2(lib, x, ck.padded(96))
-    assert torch.equal(got["xq"][:, :96], xq[:, :96])  # the padding columns are never read as values
-    assert torch.equal(got["y"], ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None))
+    xq = ck.quant_rows(lib, x, ck.padded(96))
+    assert torch.equal(got["xq"][0][:, :96], xq.q[:, :96])  # the padding columns are never read as values
+    assert all(torch.equal(u, v) for u, v in zip(got["xq"][1:], (xq.sx, xq.ov, xq.oi)))
+    assert torch.equal(got["y"], ck.gemv_rows(lib, xq, blocked, wsum, sw, None))
     h, d = torch.randn(6, 96, generator=g), torch.randn(6, 64, generator=g)
     ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, [40, 24]), d)
     assert torch.equal(got["lora"], d)  # the gated delta: the same sums in the same order (F16C either way)
-    hn, hq, _ = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
-    a, aq, _ = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
+    hn, hq = ck.rmsnorm_quant(lib, x, torch.linspace(0.5, 2, 96), 1e-5)
+    a, aq = ck.silu_mul_quant(lib, torch.randn(6, 192, generator=g) * 4)
     logits = torch.randn(3, 1000, generator=g) * 5
-    for name, want in (("norm", (hn, hq)), ("silu", (a, aq)), ("argmax", ck.argmax_conf(logits)),
+    for name, want in (("norm", (hn, hq.q, hq.ov)), ("silu", (a, aq.q, aq.ov)), ("argmax", ck.argmax_conf(logits)),
                        ("top", ck.top_probs(logits, 5))):  # vectorized,
         # the same bits at any width
         assert all(torch.equal(u, v) for u, v in zip(got[name], want)), name
@@ -237,9 +261,13 @@ def test_c_gated_delta_adds_the_delta_at_the_gated_rows_only(ranks):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(one, two)
-    ref = y.double()
-    ref[gated] += (h[gated].double() @ a.double().T) @ b.double().T
+    ref, exact = y.double(), y.double()
+    da, db = ck.dequantized_lora(a, b)  # the int8 values the kernel stores, as floats
+    ref[gated] += (h[gated].double() @ da.double().T) @ db.double().T
     torch.testing.assert_close(two, ref.float(), rtol=1e-5, atol=1e-4)
+    exact[gated] += (h[gated].double() @ a.double().T) @ b.double().T
+    delta = (exact - y.double())[gated]
+    assert ((two.double() - exact)[gated].norm() / delta.norm()) < 0.02  # int8 A and B: ~1% of the delta
     real = torch.tensor([1, 4, 5])
     assert torch.equal(two[real], y[real])
 
@@ -255,23 +283,28 @@ def test_c_gated_delta_of_an_untrained_adapter_is_zero():
     assert torch.equal(ck.lora_rows(lib, h, torch.tensor([1, 3]), w, y.clone()), y)
     q, sw = quantize_weight(torch.randn(64, 64, generator=g))
     blocked, wsum = ck.block_weights(lib, q)
-    xq, sx = ck.quant_rows2(lib, h, 64)
-    bare = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None)
-    assert torch.equal(ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, None, (h, torch.tensor([1, 3]), w)), bare)
+    xq = ck.quant_rows(lib, h, 64)
+    bare = ck.gemv_rows(lib, xq, blocked, wsum, sw, None)
+    assert torch.equal(ck.gemv_rows(lib, xq, blocked, wsum, sw, None, None, (h, torch.tensor([1, 3]), w)), bare)
     with pytest.raises(ValueError, match="A takes 64"):
         ck.lora_rows(lib, h[:, :32], torch.tensor([1]), w, y.clone())
 
 
-def test_c_gated_delta_takes_float16_values_only():
-    """Values that float16 cannot hold exactly (a float32 adapter): no C layout, the float tensor ops add them."""
+def test_c_gated_delta_takes_any_float_values_up_to_its_rank_limit():
+    """Float32 values are stored in int8 too (quantize_lora); a rank past MAX_LORA_COLUMNS has no C layout (the
+    float tensor ops add it)."""
     a, b = gated_lora(32, [16], [4], dtype=torch.float32)
-    assert ck.LoraWeights.of(a, b, [16]) is None
+    w = ck.LoraWeights.of(a, b, [16])
+    assert w is not None and w.at.dtype == torch.int8 and w.bt.dtype == torch.int8
+    aq, sa, bq, sb = ck.quantize_lora(a, b)
+    assert aq.abs().amax(1).eq(ck.LORA_MAX).all() and bq.abs().amax(1).eq(ck.LORA_MAX).all()
+    torch.testing.assert_close(aq.float() * sa[:, None], a, rtol=0, atol=float(sa.max()) / 2 + 1e-7)
     a, b = gated_lora(32, [16], [ck.MAX_LORA_COLUMNS + 8])
     assert ck.LoraWeights.of(a, b, [16]) is None  # t = A h would not fit the kernel's buffer
 
 
 @needs_c
-@pytest.mark.parametrize("n", [5, 20])  # 20 rows: oneDNN's product, the C delta after it
+@pytest.mark.parametrize("n", [5, 70])  # 70 rows: tiles of MAX_C_ROWS, each with its gated rows
 def test_int8_matrix_steps_with_the_gated_delta_in_c(n):
     """normed, add_to and add_silu_to with a gate: the C delta at the mask rows equals the tensor ops' (to
     rounding), and the real rows are exactly the bare int8 matrix's (no delta at all)."""
@@ -307,21 +340,20 @@ def test_amx_product_equals_the_vnni_product():
     g = torch.Generator().manual_seed(7)
     q, sw = quantize_weight(torch.randn(80, 576, generator=g))
     blocked, wsum = ck.block_weights(lib, q)
-    for n in (1, 5, 8, 9, 16):  # 9 and 16 tokens: a second row tile
+    for n in (1, 5, 16, 17, 32, 40):  # 17 and 32 rows: a second row tile; 40: more than AMX's two
         x = rows(n, 576, seed=n)
-        xq, sx = ck.quant_rows2(lib, x, 576)
-        args = (xq.data_ptr(), n, blocked.data_ptr(), wsum.data_ptr(), 80, 576, sx.data_ptr(), sw.data_ptr(),
-                None, None, 0)
+        xq = ck.quant_rows(lib, x, 576)
+        args = (ctypes.byref(xq.c), blocked.data_ptr(), wsum.data_ptr(), 80, 576, sw.data_ptr(), None, None, 0)
         a, v = torch.empty(n, 80), torch.empty(n, 80)
-        lib.mars_gemv_amx(*args, a.data_ptr(), None, 0, None, 0, None)
-        lib.mars_gemv_rows2(*args, v.data_ptr(), None, 0, None, 0, None)
+        lib.mars_gemv_amx(*args, a.data_ptr(), 80, None, 0, None, 0, None)
+        lib.mars_gemv_rows(*args, v.data_ptr(), 80, None, 0, None, 0, None)
         assert torch.equal(a, v), n
 
 
 @needs_c
 @pytest.mark.parametrize("amx", [False, True])
 def test_c_product_with_the_delta_in_the_same_call_equals_the_delta_after_it(amx, monkeypatch):
-    """gemv_rows2 with a delta (each block of outputs gets B t as it is finished) gives the same bits as the
+    """gemv_rows with a delta (each block of outputs gets B t as it is finished) gives the same bits as the
     product then `lora_rows`: one call and one thread team instead of two."""
     if amx and not lib.amx:
         pytest.skip("no AMX tiles on this CPU")
@@ -331,13 +363,13 @@ def test_c_product_with_the_delta_in_the_same_call_equals_the_delta_after_it(amx
     q, sw = quantize_weight(torch.randn(sum(outs), k, generator=g))
     blocked, wsum = ck.block_weights(lib, q)
     lw = ck.LoraWeights.of(*gated_lora(k, outs, [16, 0, 8], seed=3), outs)
-    for n, gated in ((1, [0]), (5, [1, 2, 3]), (16, list(range(2, 16)))):
+    for n, gated in ((1, [0]), (5, [1, 2, 3]), (16, list(range(2, 16))), (40, list(range(3, 40, 2)))):
         x = rows(n, k, seed=n)
-        xq, sx = ck.quant_rows2(lib, x, ck.padded(k))
+        xq = ck.quant_rows(lib, x, ck.padded(k))
         res = torch.randn(n, sum(outs), generator=g)
         idx = torch.tensor(gated)
-        fused = ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, res, (x, idx, lw))
-        after = ck.lora_rows(lib, x, idx, lw, ck.gemv_rows2(lib, xq, blocked, wsum, sx, sw, None, res))
+        fused = ck.gemv_rows(lib, xq, blocked, wsum, sw, None, res, (x, idx, lw))
+        after = ck.lora_rows(lib, x, idx, lw, ck.gemv_rows(lib, xq, blocked, wsum, sw, None, res))
         assert torch.equal(fused, after), n
 
 

@@ -5,11 +5,12 @@ here. Each of the 121 matrices also quantized its input rows and rescaled its ou
 few microseconds of dispatch each (6.7 of a 24 ms int8 AR pass), and the integer products ran at half the
 memory speed the float ones reach (oneDNN picks AMX tiles for 2 rows here, and is 4x slower than that on an
 AVX2-only CPU). These functions, called through ctypes (~0.3 microseconds a call), do both:
-  - `mars_quant_rows2` (and the same after RMSNorm, or after SiLU * up): a row to two uint8 rows;
-  - `mars_gemv_rows2`: the product of up to 16 tokens' rows with the weights, blocked so that each
-    instruction multiplies 4 bytes of a row by 4 bytes of 16 (AVX-512 VNNI) or 8 (AVX2) output channels,
-    with the rescale, bias and residual add fused in; threads from torch's own OpenMP pool;
-  - `mars_combine_rows2`: the rescale alone, after oneDNN's product for longer passes (a prompt).
+  - `mars_quant_rows` (and the same after RMSNorm, or after SiLU * up): a row to one uint8 row and its
+    OUTLIERS largest values in float (mars.runtime.quant's rule);
+  - `mars_gemv_rows`: the product of up to MAX_C_ROWS rows (one per token) with the weights, blocked so that
+    each instruction multiplies 4 bytes of a row by 4 bytes of 16 (AVX-512 VNNI) or 8 (AVX2) output
+    channels, with the outliers, the rescale, bias, residual add and gated delta fused in; threads from
+    torch's own OpenMP pool;
   - `mars_lora_rows`: the gated adapter's float deltas at the mask rows only (the mask rows of a MARS pass).
 
 The C is in mars/runtime/csrc/: `mars_kernels.h` declares every function and struct Python uses (and the
@@ -53,6 +54,7 @@ SOURCES = ("kernels.c", "layers.c")  # compiled into one library; their headers 
 HEADER: Header = parse((CSRC / "mars_kernels.h").read_text())
 
 MAX_C_ROWS = HEADER.constants["MARS_MAX_ROWS"]  # rows (batch x width) the C product and layer loop take at most
+OUTLIERS = HEADER.constants["MARS_OUTLIERS"]  # a row's largest values kept in float (mars.runtime.quant)
 MAX_LORA_COLUMNS = HEADER.constants["MARS_MAX_LORA_COLUMNS"]  # the C delta's t = A h values per row at most
 LORA_BLOCK = HEADER.constants["MARS_LORA_BLOCK"]  # outputs per stored block of B
 PAD = HEADER.constants["MARS_PAD"]  # the C product reads rows of a multiple of this many bytes
@@ -262,15 +264,43 @@ def padded(k: int) -> int:
     return -(-k // PAD) * PAD
 
 
-def quant_rows2(lib, x: torch.Tensor, kp: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (n, k) float32, rows contiguous -> ((2n, kp) uint8 [q + 128 ; r + 128], sx (n,)): see kernels.c."""
+QRowsC = HEADER.structs["qrows"]  # mars_kernels.h's qrows as a ctypes.Structure
+
+
+class QRows:
+    """Rows quantized for the C product: q (n, kp) uint8 (value + 128), sx (n,) their scales, ov (n, OUTLIERS)
+    float32 and oi (n, OUTLIERS) int32 their outliers; `c` the same as mars_kernels.h's qrows (the tensors
+    keep the memory alive)."""
+
+    def __init__(self, q: torch.Tensor, sx: torch.Tensor, ov: torch.Tensor, oi: torch.Tensor):
+        check_tensor("q", q, torch.uint8, (None, None), rows=True)
+        n = q.shape[0]
+        check_tensor("sx", sx, torch.float32, (n,))
+        check_tensor("ov", ov, torch.float32, (n, OUTLIERS))
+        check_tensor("oi", oi, torch.int32, (n, OUTLIERS))
+        self.q, self.sx, self.ov, self.oi = q, sx, ov, oi
+        self.n, self.kp = n, q.shape[1]
+        self.c = QRowsC(q.data_ptr(), n, q.stride(0) if n > 1 else q.shape[1], sx.data_ptr(), ov.data_ptr(),
+                        oi.data_ptr())
+
+    @classmethod
+    def empty(cls, n: int, kp: int) -> "QRows":
+        return cls(torch.empty(n, kp, dtype=torch.uint8), torch.empty(n), torch.empty(n, OUTLIERS),
+                   torch.empty(n, OUTLIERS, dtype=torch.int32))
+
+    def tile(self, i0: int, i1: int) -> "QRows":
+        """Rows [i0, i1), sharing the memory."""
+        return QRows(self.q[i0:i1], self.sx[i0:i1], self.ov[i0:i1], self.oi[i0:i1])
+
+
+def quant_rows(lib, x: torch.Tensor, kp: int | None = None) -> QRows:
+    """x (n, k) float32, rows contiguous -> QRows with rows of kp bytes: see kernels.c (the bits of
+    mars.runtime.quant.quantize_rows)."""
     check_tensor("x", x, torch.float32, (None, None), rows=True)
     n, k = x.shape
-    kp = _row_length(k, kp)
-    out = torch.empty(2 * n, kp, dtype=torch.uint8)
-    sx = torch.empty(n)
-    lib.mars_quant_rows2(x.data_ptr(), n, k, x.stride(0), out.data_ptr(), kp, sx.data_ptr())
-    return out, sx
+    out = QRows.empty(n, _row_length(k, kp))
+    lib.mars_quant_rows(x.data_ptr(), k, x.stride(0), ctypes.byref(out.c))
+    return out
 
 
 def _row_length(k: int, kp: int | None) -> int:
@@ -281,33 +311,28 @@ def _row_length(k: int, kp: int | None) -> int:
 
 
 def rmsnorm_quant(lib, x: torch.Tensor, w: torch.Tensor, eps: float, kp: int | None = None):
-    """x (n, k) float32, rows contiguous, w (k,) float32 -> (h = RMSNorm(x) * w (n, k), its rows quantized
-    (2n, kp) uint8, sx (n,)): see kernels.c."""
+    """x (n, k) float32, rows contiguous, w (k,) float32 -> (h = RMSNorm(x) * w (n, k), its rows quantized:
+    QRows): see kernels.c."""
     check_tensor("x", x, torch.float32, (None, None), rows=True)
     n, k = x.shape
     check_tensor("w", w, torch.float32, (k,))
-    kp = _row_length(k, kp)
     h = torch.empty(n, k)
-    out = torch.empty(2 * n, kp, dtype=torch.uint8)
-    sx = torch.empty(n)
-    lib.mars_rmsnorm_quant(x.data_ptr(), n, k, x.stride(0), w.data_ptr(), eps, h.data_ptr(), out.data_ptr(), kp,
-                           sx.data_ptr())
-    return h, out, sx
+    out = QRows.empty(n, _row_length(k, kp))
+    lib.mars_rmsnorm_quant(x.data_ptr(), k, x.stride(0), w.data_ptr(), eps, h.data_ptr(), ctypes.byref(out.c))
+    return h, out
 
 
 def silu_mul_quant(lib, gu: torch.Tensor, kp: int | None = None):
-    """gu (n, 2k) = [gate | up] float32, rows contiguous -> (a = silu(gate) * up (n, k), its rows quantized
-    (2n, kp) uint8, sx)."""
+    """gu (n, 2k) = [gate | up] float32, rows contiguous -> (a = silu(gate) * up (n, k), its rows quantized:
+    QRows)."""
     check_tensor("gu", gu, torch.float32, (None, None), rows=True)
     if gu.shape[1] % 2:
         raise ValueError(f"gu holds [gate | up]: an even width, got {gu.shape[1]}")
     n, k = gu.shape[0], gu.shape[1] // 2
-    kp = _row_length(k, kp)
     a = torch.empty(n, k)
-    out = torch.empty(2 * n, kp, dtype=torch.uint8)
-    sx = torch.empty(n)
-    lib.mars_silu_mul_quant(gu.data_ptr(), n, k, gu.stride(0), a.data_ptr(), out.data_ptr(), kp, sx.data_ptr())
-    return a, out, sx
+    out = QRows.empty(n, _row_length(k, kp))
+    lib.mars_silu_mul_quant(gu.data_ptr(), k, gu.stride(0), a.data_ptr(), ctypes.byref(out.c))
+    return a, out
 
 
 def block_weights(lib, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -323,20 +348,20 @@ def block_weights(lib, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return blocked, q.sum(dim=1, dtype=torch.int32)
 
 
-def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor,
-               bias: torch.Tensor | None, res: torch.Tensor | None = None, delta: tuple | None = None) -> torch.Tensor:
-    """The product and rescale in one (see kernels.c): xq (2n, kp) uint8 rows (n <= MAX_C_ROWS, kp a multiple
-    of PAD), w blocked by `block_weights`, wsum (m,) int32, sx (n,), sw (m,), bias (m,) or None, res (n, m) or
-    None (float32; res's rows contiguous) -> y (n, m) float32.
+def gemv_rows(lib, xq: QRows, w: torch.Tensor, wsum: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,
+              res: torch.Tensor | None = None, delta: tuple | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The product and rescale in one (see kernels.c): xq (QRows: n <= MAX_C_ROWS rows of kp bytes, kp a
+    multiple of PAD), w blocked by `block_weights`, wsum (m,) int32, sw (m,), bias (m,) or None, res (n, m) or
+    None (float32; res's rows contiguous) -> y (n, m) float32 (written to `out`, rows contiguous, if given).
     delta: None, or (h (n, k) float32 rows, gated row indices (int64, at most MAX_C_ROWS), LoraWeights): the
     gated adapter's delta added in the same call, the same bits as `lora_rows` after it."""
-    check_tensor("sx", sx, torch.float32, (None,))
+    if not isinstance(xq, QRows):
+        raise TypeError(f"xq must be QRows (quant_rows), got {type(xq).__name__}")
     check_tensor("wsum", wsum, torch.int32, (None,))
-    n, m = sx.shape[0], wsum.shape[0]
+    n, m = xq.n, wsum.shape[0]
     if n > MAX_C_ROWS:
         raise ValueError(f"the C product takes at most {MAX_C_ROWS} rows, got {n}")
-    check_tensor("xq", xq, torch.uint8, (2 * n, None))
-    kp, ob = xq.shape[1], lib.mars_block()
+    kp, ob = xq.kp, lib.mars_block()
     if kp % PAD:
         raise ValueError(f"xq's rows must hold a multiple of {PAD} bytes (padded(k)), got {kp}")
     check_tensor("w", w, torch.int8, (-(-m // ob), kp // 4, ob, 4))
@@ -345,7 +370,9 @@ def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: t
         check_tensor("bias", bias, torch.float32, (m,))
     if res is not None:
         check_tensor("res", res, torch.float32, (n, m), rows=True)
-    y = torch.empty(n, m)
+    if out is None:
+        out = torch.empty(n, m)
+    check_tensor("out", out, torch.float32, (n, m), rows=True)
     h = rows = lw = None
     if delta is not None:
         h, rows, lw = delta
@@ -353,89 +380,94 @@ def gemv_rows2(lib, xq: torch.Tensor, w: torch.Tensor, wsum: torch.Tensor, sx: t
         check_row_indices(rows, n)
         if lw.m > m:
             raise ValueError(f"the delta writes {lw.m} outputs, the product has {m}")
-    (lib.mars_gemv_amx if lib.amx else lib.mars_gemv_rows2)(
-        xq.data_ptr(), n, w.data_ptr(), wsum.data_ptr(), m, kp, sx.data_ptr(), sw.data_ptr(),
+    (lib.mars_gemv_amx if lib.amx else lib.mars_gemv_rows)(
+        ctypes.byref(xq.c), w.data_ptr(), wsum.data_ptr(), m, kp, sw.data_ptr(),
         None if bias is None else bias.data_ptr(), None if res is None else res.data_ptr(),
-        0 if res is None else res.stride(0), y.data_ptr(),
+        0 if res is None else res.stride(0), out.data_ptr(), out.stride(0) if n > 1 else m,
         None if h is None else h.data_ptr(), 0 if h is None else h.stride(0),
         None if rows is None else rows.data_ptr(), 0 if rows is None else rows.numel(),
         None if lw is None else ctypes.byref(lw.c))
-    return y
-
-
-def combine_rows2(lib, acc: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor | None,
-                  res: torch.Tensor | None = None) -> torch.Tensor:
-    """acc (2n, m) float32 contiguous -> (n, m): see kernels.c. sx (n,), sw (m,), bias (m,) float32; res: (n, m)
-    rows to add (the residual stream), rows contiguous."""
-    check_tensor("acc", acc, torch.float32, (None, None))
-    if acc.shape[0] % 2:
-        raise ValueError(f"acc holds [values ; residuals]: an even number of rows, got {acc.shape[0]}")
-    n, m = acc.shape[0] // 2, acc.shape[1]
-    check_tensor("sx", sx, torch.float32, (n,))
-    check_tensor("sw", sw, torch.float32, (m,))
-    if bias is not None:
-        check_tensor("bias", bias, torch.float32, (m,))
-    if res is not None:
-        check_tensor("res", res, torch.float32, (n, m), rows=True)
-    y = torch.empty(n, m)
-    lib.mars_combine_rows2(acc.data_ptr(), n, m, sx.data_ptr(), sw.data_ptr(),
-                           None if bias is None else bias.data_ptr(),
-                           None if res is None else res.data_ptr(), 0 if res is None else res.stride(0), y.data_ptr())
-    return y
+    return out
 
 
 LoraW = HEADER.structs["lora_w"]  # mars_kernels.h's lora_w as a ctypes.Structure
 
 
+LORA_MAX = 127  # the gated deltas' int8 range (float math: no pair sums to saturate, the whole range)
+
+
+def quantize_lora(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(A_q, s_a, B_q, s_b): a (R, k) and b (m, R) in int8, one float32 scale per row of A and per output of B
+    (rows of zeros: scale 0). A = A_q * s_a[:, None], B = B_q * s_b[:, None] to half a step."""
+    def rows(w):
+        s = w.abs().amax(dim=1) / LORA_MAX
+        q = torch.where(s[:, None] > 0, w / s.clamp_min(torch.finfo(torch.float32).tiny)[:, None], 0.0)
+        return q.round().to(torch.int8), s
+
+    return (*rows(a.float()), *rows(b.float()))
+
+
+def dequantized_lora(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deltas the C kernels add, as float32 (a, b): what the tensor ops use beside them."""
+    aq, sa, bq, sb = quantize_lora(a, b)
+    return aq.float() * sa[:, None], bq.float() * sb[:, None]
+
+
 class LoraWeights:
     """A fused Linear's gated deltas laid out for the C kernels: A transposed (k, R) and B's non-zero blocks
-    in blocks of LORA_BLOCK outputs, in float16; `None` from `of` where they do not fit that (see kernels.c)."""
+    in blocks of LORA_BLOCK outputs, in int8 with float32 scales (quantize_lora); `None` from `of` where they
+    do not fit that (see kernels.c)."""
 
-    def __init__(self, at: torch.Tensor, bt: torch.Tensor, seg: torch.Tensor):
-        check_tensor("at", at, torch.int16, (None, None))  # float16 bits
-        check_tensor("bt", bt, torch.int16, (None,))
+    def __init__(self, at: torch.Tensor, sa: torch.Tensor, bt: torch.Tensor, sb: torch.Tensor, seg: torch.Tensor):
+        check_tensor("at", at, torch.int8, (None, None))
+        check_tensor("sa", sa, torch.float32, (at.shape[1],))
+        check_tensor("bt", bt, torch.int8, (None,))
+        check_tensor("sb", sb, torch.float32, (None,))
         check_tensor("seg", seg, torch.long, (None,))
         if at.shape[1] % 16 or at.shape[1] > MAX_LORA_COLUMNS or seg.numel() % 5:
             raise ValueError(f"A's rank {at.shape[1]} (a multiple of 16, at most {MAX_LORA_COLUMNS}) or the "
                              f"segments ({seg.numel()} values, 5 each) do not fit the C delta")
-        self.at, self.bt, self.seg = at, bt, seg
+        self.at, self.sa, self.bt, self.sb, self.seg = at, sa, bt, sb, seg
         s = seg.view(-1, 5)  # first output, outputs, first column, columns, offset: every read within bt and t
         if len(s) and ((s[:, 2] + s[:, 3] > at.shape[1]).any()
                        or (s[:, 4] + -(-s[:, 1] // LORA_BLOCK) * LORA_BLOCK * s[:, 3] > bt.numel()).any()):
             raise ValueError("a segment of B reads past A's columns or B's values")
         self.m = int((s[:, 0] + s[:, 1]).max()) if len(s) else 0  # outputs written: [0, m)
+        if sb.numel() < self.m:
+            raise ValueError(f"B's scales cover {sb.numel()} outputs, its segments write {self.m}")
         # the same, as mars_kernels.h's lora_w (the tensors above keep the memory alive)
-        self.c = LoraW(at.data_ptr(), at.shape[1], at.shape[0], bt.data_ptr(), seg.data_ptr(), seg.numel() // 5)
+        self.c = LoraW(at.data_ptr(), sa.data_ptr(), at.shape[1], at.shape[0], bt.data_ptr(), sb.data_ptr(),
+                       seg.data_ptr(), seg.numel() // 5)
 
     @classmethod
     def of(cls, a: torch.Tensor, b: torch.Tensor, out_sizes: list[int]) -> "LoraWeights | None":
-        """a (R, k), b (m, R) block-diagonal by the fused modules' outputs `out_sizes` (GatedLoRA.fused), or
-        None when a value is not exactly a float16 (the float tensor ops keep them then) or R is too large."""
-        a, b = a.float(), b.float()
+        """a (R, k), b (m, R) block-diagonal by the fused modules' outputs `out_sizes` (GatedLoRA.fused), in
+        int8 (quantize_lora), or None when R is too large for the kernel's buffer (the float tensor ops then)."""
         R, k = a.shape
         Rp = -(-R // 16) * 16
-        if Rp > MAX_LORA_COLUMNS or not (torch.equal(a.half().float(), a) and torch.equal(b.half().float(), b)):
+        if Rp > MAX_LORA_COLUMNS:
             return None
-        at = torch.zeros(k, Rp, dtype=torch.float16)
-        at[:, :R] = a.t().half()
+        aq, sa, bq, sb = quantize_lora(a, b)
+        at = torch.zeros(k, Rp, dtype=torch.int8)
+        at[:, :R] = aq.t()
+        sap = torch.zeros(Rp)
+        sap[:R] = sa
         seg, blocks, off, o_lo = [], [], 0, 0
         for m in out_sizes:
-            part = b[o_lo:o_lo + m]
+            part = bq[o_lo:o_lo + m]
             cols = part.abs().sum(dim=0).nonzero().flatten()  # this module's block: its non-zero columns
             if len(cols):
                 r_lo, r_hi = int(cols[0]), int(cols[-1]) + 1
                 # blocks of LB outputs, each as (columns, LB): range_delta reads one contiguous piece per block
                 mp = -(-m // LORA_BLOCK) * LORA_BLOCK
-                piece = torch.zeros(mp, r_hi - r_lo)
+                piece = torch.zeros(mp, r_hi - r_lo, dtype=torch.int8)
                 piece[:m] = part[:, r_lo:r_hi]
-                blocks.append(piece.view(mp // LORA_BLOCK, LORA_BLOCK, -1).transpose(1, 2).contiguous().half().flatten())
+                blocks.append(piece.view(mp // LORA_BLOCK, LORA_BLOCK, -1).transpose(1, 2).contiguous().flatten())
                 seg += [o_lo, m, r_lo, r_hi - r_lo, off]
                 off += blocks[-1].numel()
             o_lo += m
-        bt = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.float16)
-        return cls(at.view(torch.int16), bt.view(torch.int16), torch.tensor(seg, dtype=torch.long))
-
-
+        bt = torch.cat(blocks) if blocks else torch.zeros(0, dtype=torch.int8)
+        return cls(at, sap, bt, sb.contiguous(), torch.tensor(seg, dtype=torch.long))
 
 
 def lora_rows(lib, h: torch.Tensor, rows: torch.Tensor, w: LoraWeights, y: torch.Tensor) -> torch.Tensor:

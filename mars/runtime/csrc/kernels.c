@@ -1,5 +1,5 @@
 /* The int8 fast path's kernels (declared in mars_kernels.h; mars/runtime/kernels.py builds and calls them):
-   rows to two uint8 rows, the blocked int8 product with its rescale, bias, residual and gated delta fused in,
+   rows to one uint8 row and its outliers, the blocked int8 product with its rescale, bias, residual and gated delta fused in,
    and the scoring of logits. */
 #include "mars_internal.h"
 
@@ -15,58 +15,65 @@ int mars_stages(double *out) { (void)out; return 0; }
 #endif
 
 
-/* One row at ~16 bits as two uint8 rows, bit for bit as mars.runtime.quant.quantize_rows2: u = x * (127 / amax(|x|)),
-   q = round(u), r = round((u - q) * 254); q + 128 and r + 128 stored, amax / 127 returned. round = nearbyintf
-   in the default mode: half to even, as torch.round. */
-static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *r) {
-    /* the largest |x| in 16 lanes, then across them: a maximum is exact in any order, and the lanes let the
-       compiler vectorize the loop (a single running maximum is one dependent chain) */
-    float lane[16] = {0};
+/* One row as one uint8 row and its outliers, bit for bit as mars.runtime.quant.quantize_rows: the NOUT values
+   of largest |x| (the earlier column first among equal ones) go to ov / oi as they are; the rest, scaled by
+   u = x * ((1 / amax) * 127) with amax the largest |x| left, are rounded to q = round(u) and stored as q + 128
+   (the outliers' columns as 0 + 128); amax / 127 is returned. round = nearbyintf in the default mode: half to
+   even, as torch.round. A row of k <= NOUT values is all outliers (a zero row: q all 0). */
+#define NOUT MARS_OUTLIERS
+static inline float quant_row(const float *row, int64_t k, uint8_t *q, float *ov, int32_t *oi) {
+    /* the NOUT + 1 largest |x|, descending, in one pass: the last one is amax of the rest. A block of values
+       none above the list's last is skipped with one vector compare (most blocks, once the list fills). */
+    float bv[NOUT + 1];
+    int64_t bi[NOUT + 1];
+    for (int c = 0; c <= NOUT; c++) { bv[c] = -1.0f; bi[c] = -1; }
     int64_t j = 0;
+    while (j < k) {
 #if defined(VL)
-    {
-        vf m0 = VZERO(), m1 = VZERO();  /* lanes 0..VL-1 and, with 8-wide vectors, VL..15 */
-        for (; j + 16 <= k; j += 16) {
-            m0 = VMAX(VABS(VLOAD(row + j)), m0);  /* = a > m ? a : m, lane by lane */
-            if (VL == 8) m1 = VMAX(VABS(VLOAD(row + j + VL)), m1);
+        if (j + VL <= k) {
+            const vf thr = VSET1(bv[NOUT]);
+            if (VEQ(VMAX(VABS(VLOAD(row + j)), thr), thr) == (int)((1u << VL) - 1u)) {
+                j += VL;
+                continue;
+            }
         }
-        VSTORE(lane, m0);
-        if (VL == 8) VSTORE(lane + VL, m1);
-    }
+        const int64_t end = j + VL <= k ? j + VL : k;
+#else
+        const int64_t end = j + 1;
 #endif
-    for (; j + 16 <= k; j += 16)
-        for (int l = 0; l < 16; l++) {
-            const float a = fabsf(row[j + l]);
-            lane[l] = a > lane[l] ? a : lane[l];
+        for (; j < end; j++) {
+            const float a = fabsf(row[j]);
+            if (!(a > bv[NOUT])) continue;
+            int c = NOUT;
+            while (c > 0 && a > bv[c - 1]) { bv[c] = bv[c - 1]; bi[c] = bi[c - 1]; c--; }
+            bv[c] = a;
+            bi[c] = j;
         }
-    for (; j < k; j++) {
-        const float a = fabsf(row[j]);
-        lane[0] = a > lane[0] ? a : lane[0];
     }
-    float amax = 0.0f;
-    for (int l = 0; l < 16; l++) amax = lane[l] > amax ? lane[l] : amax;
-    if (!(amax >= FLT_MIN)) {  /* a zero row: zeros (127 / FLT_MIN would overflow to inf, and 0 * inf is NaN) */
+    for (int c = 0; c < NOUT; c++) {
+        ov[c] = bi[c] >= 0 ? row[bi[c]] : 0.0f;
+        oi[c] = bi[c] >= 0 ? (int32_t)bi[c] : 0;
+    }
+    const float amax = bv[NOUT];
+    if (!(amax >= FLT_MIN)) {  /* nothing left but zeros: zeros (127 / FLT_MIN would overflow to inf) */
         memset(q, 128, (size_t)k);
-        memset(r, 128, (size_t)k);
         return FLT_MIN / 127.0f;
     }
-    const float inv = (1.0f / amax) * 127.0f;  /* as torch's 127 / tensor: a reciprocal, then the product */
+    const float inv = (1.0f / amax) * 127.0f;
     j = 0;
+    /* u clamped to [-127, 127]: no change for the rest (|u| <= 127 up to rounding), and the outliers' bytes,
+       overwritten below, stay defined */
 #if defined(VL)
-    /* the same operations, VL values at a time (the compiler's own vectors here were 4 wide: ~1 us a row) */
-    const vf iv = VSET1(inv), off = VSET1(128.0f), steps = VSET1(254.0f);
-    for (; j + VL <= k; j += VL) {
-        const vf u = VMUL(VLOAD(row + j), iv), qf = VROUND(u);
-        VSTORE_U8(q + j, VADD(qf, off));
-        VSTORE_U8(r + j, VADD(VROUND(VMUL(VSUB(u, qf), steps)), off));
-    }
+    const vf iv = VSET1(inv), off = VSET1(128.0f), lo = VSET1(-127.0f), hi = VSET1(127.0f);
+    for (; j + VL <= k; j += VL) VSTORE_U8(q + j, VADD(VROUND(VMIN(VMAX(VMUL(VLOAD(row + j), iv), lo), hi)), off));
 #endif
     for (; j < k; j++) {
         float u = row[j] * inv;
-        float qf = nearbyintf(u);
-        q[j] = (uint8_t)(int)(qf + 128.0f);
-        r[j] = (uint8_t)(int)(nearbyintf((u - qf) * 254.0f) + 128.0f);
+        u = u < -127.0f ? -127.0f : (u > 127.0f ? 127.0f : u);
+        q[j] = (uint8_t)(int)(nearbyintf(u) + 128.0f);
     }
+    for (int c = 0; c < NOUT; c++)
+        if (bi[c] >= 0) q[bi[c]] = 128;
     return amax / 127.0f;
 }
 
@@ -74,18 +81,23 @@ static inline float quant_row(const float *row, int64_t k, uint8_t *q, uint8_t *
    team costs a few microseconds; a 1536-wide SiLU row ~2): a wide pass's rows, never a 1-token pass's. */
 #define PAR_MIN 4096
 
-/* Rows of x (n x k, row stride ldx) -> out (2n x ldo) = [rows ; their residuals], sx (n). Columns k..ldo of
-   out are left as they are (the product's zero-padded weights ignore them). */
-void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t *out, int64_t ldo, float *sx) {
+static inline void quant_row_to(const float *row, int64_t k, const qrows *o, int64_t i) {
+    o->sx[i] = quant_row(row, k, o->q + i * o->ldo, o->ov + i * NOUT, o->oi + i * NOUT);
+}
+
+/* Rows of x (out->n x k, row stride ldx) -> out. Columns k..ldo of out->q are left as they are (the product's
+   zero-padded weights ignore them). */
+void mars_quant_rows(const float *x, int64_t k, int64_t ldx, const qrows *out) {
+    const int64_t n = out->n;
     #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
-    for (int64_t i = 0; i < n; i++) sx[i] = quant_row(x + i * ldx, k, out + i * ldo, out + (n + i) * ldo);
+    for (int64_t i = 0; i < n; i++) quant_row_to(x + i * ldx, k, out, i);
 }
 
 /* RMSNorm then quantize: h = x * (1 / sqrt(mean(x^2) + eps)) * w (written to h, n x k: the gated adapter's
-   deltas read it), then h's rows as mars_quant_rows2. The mean is summed in double, in 8 interleaved partial
+   deltas read it), then h's rows as mars_quant_rows. The mean is summed in double, in 8 interleaved partial
    sums added in a fixed order (the same bits for any vector width). */
-void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const float *w, float eps, float *h,
-                        uint8_t *out, int64_t ldo, float *sx) {
+void mars_rmsnorm_quant(const float *x, int64_t k, int64_t ldx, const float *w, float eps, float *h, const qrows *out) {
+    const int64_t n = out->n;
     #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float *row = x + i * ldx;
@@ -123,15 +135,15 @@ void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const
         for (const vf rv = VSET1(r); j + VL <= k; j += VL) VSTORE(hr + j, VMUL(VMUL(VLOAD(row + j), rv), VLOAD(w + j)));
 #endif
         for (; j < k; j++) hr[j] = row[j] * r * w[j];
-        sx[i] = quant_row(hr, k, out + i * ldo, out + (n + i) * ldo);
+        quant_row_to(hr, k, out, i);
     }
 }
 
 
 /* The MLP's activation then quantize: gu (n x 2k, row stride ld) = [gate | up]; a = silu(gate) * up
-   (written to a, n x k), then a's rows as mars_quant_rows2. */
-void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, float *a, uint8_t *out, int64_t ldo,
-                         float *sx) {
+   (written to a, n x k), then a's rows as mars_quant_rows. */
+void mars_silu_mul_quant(const float *gu, int64_t k, int64_t ld, float *a, const qrows *out) {
+    const int64_t n = out->n;
     #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
         const float *g = gu + i * ld, *u = g + k;
@@ -144,70 +156,44 @@ void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, floa
         }
 #endif
         for (; j < k; j++) ar[j] = g[j] / (1.0f + exp_poly(-g[j])) * u[j];
-        sx[i] = quant_row(ar, k, out + i * ldo, out + (n + i) * ldo);
+        quant_row_to(ar, k, out, i);
     }
 }
 
-/* y (n x m) = (q + r * (1/254)) * sx[row] * sw[col] (+ bias) (+ res): the rescale of the integer sums acc
-   (2n x m) = [q ; r] of the rows and their residuals, as mars.runtime.quant.Int8Linear's tensor ops do it
-   (add with alpha, which ATen computes as one fma). res: the residual stream to add (row stride ldr), or NULL. */
-/* One output: (q + r * (1/254)) * sx * sw (+ bias) (+ res), in this order (the tensor ops' order). The one
-   rescale of every path: after oneDNN's sums (mars_combine_rows2) and after the C product (block_rescale). */
-static inline float rescale(float q, float r, float sx, float sw, const float *bias, const float *res) {
-    float v = fmaf(r, (float)(1.0 / 254.0), q) * sx * sw;
+/* One output: (acc * sx + out) * sw (+ bias) (+ res), in this order (mars.runtime.quant's tensor ops' order):
+   acc the exact integer sum of the int8 row against the int8 weights, out the sum of the row's outliers
+   against them in float (block_outliers). */
+static inline float rescale(float acc, float out, float sx, float sw, const float *bias, const float *res) {
+    float v = (acc * sx + out) * sw;
     if (bias) v += *bias;
     if (res) v = *res + v;
     return v;
 }
 
-void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx, const float *sw,
-                        const float *bias, const float *res, int64_t ldr, float *y) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *q = acc + i * m, *r = acc + (n + i) * m;
-        for (int64_t o = 0; o < m; o++)
-            y[i * m + o] = rescale(q[o], r[o], sx[i], sw[o], bias ? bias + o : NULL, res ? res + i * ldr + o : NULL);
-    }
-}
-
 /* The gated adapter's delta at a few rows, added in place: y[g] += B (A h[g]) for each row index g in rows
    (row g of h and of y), as mars.runtime.linear.Linear._delta adds it at the rows whose gate is 1 (the other
-   rows got + 0 there, and nothing here). A is stored transposed (k x R, R a multiple of 16) and B as segments,
-   one per fused module (seg[5s..5s+4] = first output, outputs, first column of t, columns, offset of the
-   segment's B in bt, stored by blocks of outputs: range_delta): block_diag's zero blocks are never read. Both in
-   float16, the adapter's own values (it ships in float16), so widening them to float32 is exact.
-   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), so the
-   result does not depend on the thread count; then y += B t, split across threads by output. */
-static inline float half_to_float(uint16_t v) {
-    const uint32_t sign = (uint32_t)(v & 0x8000) << 16, e = (v >> 10) & 31, f = v & 1023;
-    uint32_t bits;
-    if (e == 31) bits = sign | 0x7f800000u | (f << 13);
-    else if (e) bits = sign | ((e + 112) << 23) | (f << 13);
-    else if (!f) bits = sign;
-    else {  /* subnormal: normalise */
-        int sh = 0;
-        uint32_t m = f;
-        while (!(m & 1024)) { m <<= 1; sh++; }
-        bits = sign | ((uint32_t)(113 - sh) << 23) | ((m & 1023) << 13);
-    }
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
-
+   rows got + 0 there, and nothing here). A and B are stored in int8 with a float scale per row of A and per
+   output of B (LoraWeights: the adapter's values to 1/254 of each row's largest, half the bytes of its
+   float16: the delta's cost is these bytes, streamed every pass that has a mask row). A is stored transposed
+   (k x R, R a multiple of 16) and B as segments, one per fused module (seg[5s..5s+4] = first output, outputs,
+   first column of t, columns, offset of the segment's B in bt, stored by blocks of outputs: range_delta):
+   block_diag's zero blocks are never read.
+   t = A h is summed over two fixed halves of k (one per thread; with one thread the same two sums), then
+   scaled, so the result does not depend on the thread count; then y += B t, split across threads by output. */
 #if defined(VL)
 /* part[r][j0 .. j0 + NV VL) for NR rows hr over c in [c0, c1): NR x NV independent fma chains, one per
    (row, vector of t), each over c ascending. Called with constant NR and NV (LP_CASE's switch) so that the
    accumulators stay in registers and the loop has no branch: with a runtime row count the loop ran ~3x
    slower than its fma chains allow (measured in isolation: R 48, one row, 1.36 us a half). */
-ALWAYS_INLINE void lp_tile(const uint16_t *at, int64_t R, int64_t c0, int64_t c1, const float *const *hr,
+ALWAYS_INLINE void lp_tile(const int8_t *at, int64_t R, int64_t c0, int64_t c1, const float *const *hr,
                            const int NR, const int NV, int64_t j0, float part[][MAXR]) {
     vf acc[4][4];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
     for (int64_t c = c0; c < c1; c++) {
-        const uint16_t *ar = at + c * R + j0;
+        const int8_t *ar = at + c * R + j0;
         vf av[4];
-        for (int v = 0; v < NV; v++) av[v] = VLOADH(ar + v * VL);
+        for (int v = 0; v < NV; v++) av[v] = VLOADI8(ar + v * VL);
         for (int r = 0; r < NR; r++) {
             const vf hb = VSET1(hr[r][c]);
             for (int v = 0; v < NV; v++) acc[r][v] = VFMA(av[v], hb, acc[r][v]);
@@ -224,11 +210,12 @@ ALWAYS_INLINE void lp_tile(const uint16_t *at, int64_t R, int64_t c0, int64_t c1
     default: lp_tile(at, R, c0, c1, hr, 4, NV, j0, OUT); break; \
     }
 #endif
-/* part[i][j] = sum over c in half p of k of A[j][c] * h[rows[i]][c]: t = A h is the sum of the two halves */
+/* part[i][j] = sum over c in half p of k of at[c R + j] * h[rows[i]][c]: t = A h is the sum of the two halves
+   times sa (lora_t) */
 static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, const int64_t *rows, int64_t n,
                       float part[][MAXR]) {
     const int64_t k = lw->k, R = lw->R;
-    const uint16_t *at = lw->at;
+    const int8_t *at = lw->at;
     const int64_t c0 = p ? k / 2 : 0, c1 = p ? k : k / 2;
 #if defined(VL)
     /* up to 4 rows by up to 4 vectors of t (AVX2: 2, its 16 registers) at a time */
@@ -251,7 +238,7 @@ static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, cons
         const float *hr = h + rows[i] * ldh;
         for (int64_t j = 0; j < R; j++) {
             float acc = 0.0f;
-            for (int64_t c = c0; c < c1; c++) acc = fmaf(half_to_float(at[c * R + j]), hr[c], acc);
+            for (int64_t c = c0; c < c1; c++) acc = fmaf((float)at[c * R + j], hr[c], acc);
             part[i][j] = acc;
         }
     }
@@ -262,14 +249,14 @@ static void lora_part(const lora_w *lw, int p, const float *h, int64_t ldh, cons
 #if defined(VL)
 /* NV vectors of outputs from o (B pieces bb[v] for each) for NR rows: NR x NV independent fma chains, each
    output its own chain over jj ascending, then added to y. Constant NR and NV (BD_CASE's switch). */
-ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAXR], int64_t r_lo, const int64_t *rows,
-                           const int NR, const int NV, int64_t o, float *y, int64_t ldy) {
+ALWAYS_INLINE void bd_tile(const int8_t *const *bb, int64_t r_n, float t[][MAXR], int64_t r_lo, const int64_t *rows,
+                           const int NR, const int NV, int64_t o, const float *sb, float *y, int64_t ldy) {
     vf acc[4][4];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < NV; v++) acc[r][v] = VZERO();
     for (int64_t jj = 0; jj < r_n; jj++) {
         vf bv[4];
-        for (int v = 0; v < NV; v++) bv[v] = VLOADH(bb[v] + jj * LB);
+        for (int v = 0; v < NV; v++) bv[v] = VLOADI8(bb[v] + jj * LB);
         for (int r = 0; r < NR; r++) {
             const vf tb = VSET1(t[r][r_lo + jj]);
             for (int v = 0; v < NV; v++) acc[r][v] = VFMA(bv[v], tb, acc[r][v]);
@@ -278,21 +265,21 @@ ALWAYS_INLINE void bd_tile(const uint16_t *const *bb, int64_t r_n, float t[][MAX
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < NV; v++) {
             float *yo = y + rows[r] * ldy + o + v * VL;
-            VSTORE(yo, VADD(VLOAD(yo), acc[r][v]));
+            VSTORE(yo, VADD(VLOAD(yo), VMUL(acc[r][v], VLOAD(sb + o + v * VL))));
         }
 }
 #define BD_CASE(NV) \
     switch (nr) { \
-    case 1: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 1, NV, o, y, ldy); break; \
-    case 2: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 2, NV, o, y, ldy); break; \
-    case 3: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 3, NV, o, y, ldy); break; \
-    default: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 4, NV, o, y, ldy); break; \
+    case 1: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 1, NV, o, sb, y, ldy); break; \
+    case 2: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 2, NV, o, sb, y, ldy); break; \
+    case 3: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 3, NV, o, sb, y, ldy); break; \
+    default: bd_tile(bb, r_n, t + i0, r_lo, rows + i0, 4, NV, o, sb, y, ldy); break; \
     }
 #endif
 /* y[rows[i]][o] += (B t[i])[o] for the outputs o in [o0, o1) (any range: a thread's share of a product, after
-   it). A segment's B is stored in blocks of LB outputs, each block's columns one after another (LB float16
+   it). A segment's B is stored in blocks of LB outputs, each block's columns one after another (LB int8
    each), so a block of outputs reads one contiguous piece. Each output is its own sum of fmas over jj
-   ascending, then added to y: the same bits from every caller, vector width, thread or range. Vectors: up to 4
+   ascending, times its scale sb[o], then added to y: the same bits from every caller, vector width, thread or range. Vectors: up to 4
    rows by 4 vectors of outputs at a time (AVX2: 2), so that even one row has independent chains (one vector
    at a time left the core waiting on each fma). */
 static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, int64_t n, int64_t o0,
@@ -302,7 +289,8 @@ static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, 
         const int64_t o_lo = sg[0], lo = o0 > o_lo ? o0 : o_lo, hi = o1 < o_lo + sg[1] ? o1 : o_lo + sg[1];
         if (lo >= hi) continue;
         const int64_t r_lo = sg[2], r_n = sg[3];
-        const uint16_t *bs = lw->bt + sg[4];
+        const int8_t *bs = lw->bt + sg[4];
+        const float *sb = lw->sb;
         int64_t o_vec = lo;  /* outputs [lo, o_vec) are done by vectors, the rest one by one */
 #if defined(VL)
         if ((lo - o_lo) % VL == 0) {
@@ -310,7 +298,7 @@ static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, 
             o_vec = lo + (hi - lo) / VL * VL;
             for (int64_t o = lo; o < o_vec;) {
                 const int64_t nv = (o_vec - o) / VL < vmax ? (o_vec - o) / VL : vmax;
-                const uint16_t *bb[4];
+                const int8_t *bb[4];
                 for (int64_t v = 0; v < nv; v++) {
                     const int64_t d = o + v * VL - o_lo, q = d % LB;
                     bb[v] = bs + (d - q) * r_n + q;  /* output o + v VL's value for column jj: bb[v][jj * LB] */
@@ -331,10 +319,10 @@ static void range_delta(const lora_w *lw, float t[][MAXR], const int64_t *rows, 
             const float *ti = t[i] + r_lo;
             for (int64_t o = o_vec; o < hi; o++) {
                 const int64_t d = o - o_lo, q = d % LB;
-                const uint16_t *bb = bs + (d - q) * r_n + q;
+                const int8_t *bb = bs + (d - q) * r_n + q;
                 float acc = 0.0f;
-                for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf(half_to_float(bb[jj * LB]), ti[jj], acc);
-                yr[o] = yr[o] + acc;
+                for (int64_t jj = 0; jj < r_n; jj++) acc = fmaf((float)bb[jj * LB], ti[jj], acc);
+                yr[o] = yr[o] + acc * sb[o];
             }
         }
     }
@@ -356,15 +344,15 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
                     int64_t ldy) {
     if (n == 0 || lw->nseg == 0) return;  /* no gated row, or B all zeros (an adapter before training) */
     const int64_t *last = lw->seg + 5 * (lw->nseg - 1), m = last[0] + last[1];  /* past the last adapted output */
-    float part[2][MAXROWS / 2][MAXR];
+    float part[2][MAXROWS][MAXR];
     #pragma omp parallel
     {
         #pragma omp for schedule(static)
         for (int p = 0; p < 2; p++) lora_part(lw, p, h, ldh, rows, n, part[p]);
         /* y[g] += B t, split by blocks of outputs across threads: each thread sums the halves itself */
-        float t[MAXROWS / 2][MAXR];
+        float t[MAXROWS][MAXR];
         for (int64_t i = 0; i < n; i++)
-            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];
+            for (int64_t j = 0; j < lw->R; j++) t[i][j] = (part[0][i][j] + part[1][i][j]) * lw->sa[j];
         int64_t b_lo, b_hi;
         thread_share((m + LB - 1) / LB, &b_lo, &b_hi);
         range_delta(lw, t, rows, n, b_lo * LB, b_hi * LB < m ? b_hi * LB : m, y, ldy);
@@ -382,16 +370,17 @@ void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n,
         STAGE0(12)                                                                                          \
         _Pragma("omp barrier")                                                                              \
         for (int64_t i = 0; i < ng; i++)                                                                    \
-            for (int64_t j = 0; j < lw->R; j++) t[i][j] = part[0][i][j] + part[1][i][j];                   \
+            for (int64_t j = 0; j < lw->R; j++) t[i][j] = (part[0][i][j] + part[1][i][j]) * lw->sa[j];     \
     }
 
-/* The integer product for a few rows, fused with the rescale: y (n x m) from x (2n x kp) uint8 rows
-   [values ; residuals] + 128 and the 7-bit int8 weights (|w| <= 64) in blocks of OB output channels:
-   w[blk][t][c][q] = W[blk * OB + c, 4 t + q] (kp a multiple of 64, m of OB, zero-padded), so that one
-   instruction multiplies 4 bytes of a row (broadcast) by 4 bytes of OB channels at once, with no
-   horizontal sums:
-     sum_r[o] = sum_j (x[r, j] - 128) * W[o, j] = sum_j x[r, j] * W[o, j] - 128 * wsum[o]      (exact int32)
-     y[i, o]  = (sum_i + sum_{n+i} * (1/254)) * sx[i] * sw[o] (+ bias[o]) (+ res[i, o])      (as combine)
+/* The integer product for up to MARS_MAX_ROWS rows, fused with the rescale: y (n x m, row stride ldy) from
+   x (qrows: n uint8 rows q + 128, their scales and outliers) and the 7-bit int8 weights (|w| <= 64) in blocks
+   of OB output channels: w[blk][t][c][q] = W[blk * OB + c, 4 t + q] (kp a multiple of 64, m of OB,
+   zero-padded), so that one instruction multiplies 4 bytes of a row (broadcast) by 4 bytes of OB channels at
+   once, with no horizontal sums:
+     acc[i, o] = sum_j (x[i, j] - 128) * W[o, j] = sum_j x[i, j] * W[o, j] - 128 * wsum[o]      (exact int32)
+     out[i, o] = sum over the row's outliers c, in order, of ov[i, c] * W[o, oi[i, c]]         (float)
+     y[i, o]   = (acc[i, o] * sx[i] + out[i, o]) * sw[o] (+ bias[o]) (+ res[i, o])            (rescale)
    AVX-512 VNNI: vpdpbusd, OB = 16; AVX2: vpmaddubsw (u8 x s8 pair sums: 2 * 255 * 64 < 2^15, no saturation)
    then vpmaddwd, OB = 8; otherwise plain C, OB = 8. Blocks are split across OpenMP threads (torch's own
    pool: the library loads after torch, and libgomp is found by its soname). With lw (and ng > 0 gated rows
@@ -416,8 +405,9 @@ int mars_isa(void) {
 #endif
 }
 
-/* sums s[r][c] (r < rows <= 4) of rows x + r * kp against one block of channels */
-static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const int8_t *wb, int32_t s[][OB]) {
+/* sums s[r][c] (r < rows <= 4) of rows x + r * ldx (kp bytes each) against one block of channels */
+static inline void block_sums(const uint8_t *x, int64_t rows, int64_t ldx, const int8_t *wb, int64_t kp,
+                              int32_t s[][OB]) {
     const int64_t T = kp / 4;
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
     /* two sets of accumulators (even and odd t): vpdpbusd's latency is ~5 cycles, so 4 dependent chains
@@ -429,7 +419,7 @@ static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const 
         const __m512i w = _mm512_loadu_si512((const void *)(wb + t * OB * 4));
         const __m512i u = _mm512_loadu_si512((const void *)(wb + (t + 1) * OB * 4));
         int32_t v, z;
-#define STEP(A, B, R) memcpy(&v, x + (R) * kp + 4 * t, 4); memcpy(&z, x + (R) * kp + 4 * t + 4, 4); \
+#define STEP(A, B, R) memcpy(&v, x + (R) * ldx + 4 * t, 4); memcpy(&z, x + (R) * ldx + 4 * t + 4, 4); \
         A = _mm512_dpbusd_epi32(A, _mm512_set1_epi32(v), w); B = _mm512_dpbusd_epi32(B, _mm512_set1_epi32(z), u);
         STEP(a0, b0, 0)
         if (rows > 1) { STEP(a1, b1, 1) }
@@ -448,7 +438,7 @@ static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const 
         if (!(t & 1)) PREFETCH(wb + t * OB * 4 + PF_AHEAD);
         const __m256i w = _mm256_loadu_si256((const __m256i *)(wb + t * OB * 4));
         int32_t v;
-#define STEP(A, R) memcpy(&v, x + (R) * kp + 4 * t, 4); \
+#define STEP(A, R) memcpy(&v, x + (R) * ldx + 4 * t, 4); \
         A = _mm256_add_epi32(A, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi32(v), w), ones));
         STEP(a0, 0)
         if (rows > 1) { STEP(a1, 1) }
@@ -465,22 +455,60 @@ static inline void block_sums(const uint8_t *x, int64_t rows, int64_t kp, const 
         for (int c = 0; c < OB; c++) {
             int32_t acc = 0;
             for (int64_t t = 0; t < T; t++)
-                for (int q = 0; q < 4; q++) acc += (int32_t)x[r * kp + 4 * t + q] * (int32_t)wb[(t * OB + c) * 4 + q];
+                for (int q = 0; q < 4; q++) acc += (int32_t)x[r * ldx + 4 * t + q] * (int32_t)wb[(t * OB + c) * 4 + q];
             s[r][c] = acc;
         }
 #endif
 }
 
-/* The rescale of one block's sums s (rows [values ; residuals] x OB) into y, as mars_combine_rows2. */
-static inline void block_rescale(int32_t s[][OB], int64_t n, int64_t o0, int64_t o1, const int32_t *wsum,
-                                 const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr,
-                                 float *y, int64_t m) {
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t o = o0; o < o1; o++) {
-            const int32_t off = 128 * wsum[o];
-            y[i * m + o] = rescale((float)(s[i][o - o0] - off), (float)(s[n + i][o - o0] - off), sx[i], sw[o],
-                                   bias ? bias + o : NULL, res ? res + i * ldr + o : NULL);
+/* out[i][c] = sum over row i's outliers, in order (the first product, then + each next), of ov * W[o0 + c, oi],
+   read from the block's own weights
+   (in cache: the product just streamed them): byte oi % 4 of each channel's 4-byte group at t = oi / 4. */
+static inline void block_outliers(const int8_t *wb, int64_t n, const float *ov, const int32_t *oi, float out[][OB]) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *v = ov + i * NOUT;
+        const int32_t *ix = oi + i * NOUT;
+#if OB == 16 && defined(__AVX512F__)
+        __m512 acc = _mm512_setzero_ps();
+        for (int c = 0; c < NOUT; c++) {
+            const __m512i g = _mm512_loadu_si512((const void *)(wb + (int64_t)(ix[c] >> 2) * OB * 4));
+            const __m512i b = _mm512_srai_epi32(_mm512_sllv_epi32(g, _mm512_set1_epi32(24 - 8 * (ix[c] & 3))), 24);
+            const __m512 p = _mm512_mul_ps(_mm512_set1_ps(v[c]), _mm512_cvtepi32_ps(b));
+            acc = c ? _mm512_add_ps(acc, p) : p;
         }
+        _mm512_storeu_ps(out[i], acc);
+#elif OB == 8 && defined(__AVX2__)
+        __m256 acc = _mm256_setzero_ps();
+        for (int c = 0; c < NOUT; c++) {
+            const __m256i g = _mm256_loadu_si256((const __m256i *)(wb + (int64_t)(ix[c] >> 2) * OB * 4));
+            const __m256i b = _mm256_srai_epi32(_mm256_sllv_epi32(g, _mm256_set1_epi32(24 - 8 * (ix[c] & 3))), 24);
+            const __m256 p = _mm256_mul_ps(_mm256_set1_ps(v[c]), _mm256_cvtepi32_ps(b));
+            acc = c ? _mm256_add_ps(acc, p) : p;
+        }
+        _mm256_storeu_ps(out[i], acc);
+#else
+        for (int o = 0; o < OB; o++) {
+            float acc = 0.0f;
+            for (int c = 0; c < NOUT; c++) {
+                const float p = v[c] * (float)wb[((int64_t)(ix[c] >> 2) * OB + o) * 4 + (ix[c] & 3)];
+                acc = c ? acc + p : p;
+            }
+            out[i][o] = acc;
+        }
+#endif
+    }
+}
+
+/* The rescale of one block's sums s (n rows x OB) and the rows' outliers into y. */
+static inline void block_rescale(const int8_t *wb, int32_t s[][OB], const qrows *x, int64_t o0, int64_t o1,
+                                 const int32_t *wsum, const float *sw, const float *bias, const float *res,
+                                 int64_t ldr, float *y, int64_t ldy) {
+    float out[MAXROWS][OB];
+    block_outliers(wb, x->n, x->ov, x->oi, out);
+    for (int64_t i = 0; i < x->n; i++)
+        for (int64_t o = o0; o < o1; o++)
+            y[i * ldy + o] = rescale((float)(s[i][o - o0] - 128 * wsum[o]), out[i][o - o0], x->sx[i], sw[o],
+                                     bias ? bias + o : NULL, res ? res + i * ldr + o : NULL);
 }
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__) && OB == 16
@@ -499,17 +527,22 @@ int mars_amx_init(void) {
     return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
 }
 
-/* rows <= 32: tiles 0/1 (sums/rows) hold rows 0-15, tiles 3/4 rows 16-31, tile 2 the weights */
-void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
-    const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
-    const int lo = rows < 16 ? (int)rows : 16, hi = (int)rows - lo;
+/* rows <= 32: tiles 0/1 (sums/rows) hold rows 0-15, tiles 3/4 rows 16-31, tile 2 the weights; more rows run
+   mars_gemv_rows (VNNI) */
+void mars_gemv_amx(const qrows *x, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp, const float *sw,
+                   const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy, const float *h,
+                   int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
+    const int64_t n = x->n, blocks = (m + OB - 1) / OB;
+    if (n > 32) {
+        mars_gemv_rows(x, w, wsum, m, kp, sw, bias, res, ldr, y, ldy, h, ldh, grows, ng, lw);
+        return;
+    }
+    const int lo = n < 16 ? (int)n : 16, hi = (int)n - lo;
     const int lora = lw != NULL && ng > 0;
-    float part[2][MAXROWS / 2][MAXR];
+    float part[2][MAXROWS][MAXR];
     #pragma omp parallel
     {
-        float t[MAXROWS / 2][MAXR];
+        float t[MAXROWS][MAXR];
         STAGE_START
         LORA_T
         STAGE0(9)
@@ -534,43 +567,45 @@ void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *
             for (int64_t kc = 0; kc < kp; kc += 64) {
                 for (int l = 0; l < 16; l++) PREFETCH(wb + kc * OB + PF_AHEAD + 64 * l);  /* into the next block's */
                 _tile_loadd(2, wb + kc * OB, 64);  /* t-rows kc/4 .. kc/4 + 15: 16 x 64 bytes */
-                _tile_loadd(1, x + kc, kp);
+                _tile_loadd(1, x->q + kc, x->ldo);
                 _tile_dpbusd(0, 1, 2);
                 if (hi) {
-                    _tile_loadd(4, x + 16 * kp + kc, kp);
+                    _tile_loadd(4, x->q + 16 * x->ldo + kc, x->ldo);
                     _tile_dpbusd(3, 4, 2);
                 }
             }
             _tile_stored(0, s, OB * 4);
             if (hi) _tile_stored(3, s + 16, OB * 4);
             const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
-            block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
+            block_rescale(wb, s, x, o0, o1, wsum, sw, bias, res, ldr, y, ldy);
         }
         _tile_release();
         STAGE0(10)
-        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, m);
+        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, ldy);
         STAGE0(11)
     }
 }
 int mars_has_amx(void) { return 1; }
 #else
 int mars_amx_init(void) { return 0; }
-void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {}
+void mars_gemv_amx(const qrows *x, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp, const float *sw,
+                   const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy, const float *h,
+                   int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
+    mars_gemv_rows(x, w, wsum, m, kp, sw, bias, res, ldr, y, ldy, h, ldh, grows, ng, lw);
+}
 int mars_has_amx(void) { return 0; }
 #endif
 
-/* n <= MAXROWS / 2 rows; m: the real channels (the blocked weights may hold padding channels past m) */
-void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                     const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                     const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
-    const int64_t blocks = (m + OB - 1) / OB, rows = 2 * n;
+/* x->n <= MAXROWS rows; m: the real channels (the blocked weights may hold padding channels past m) */
+void mars_gemv_rows(const qrows *x, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp, const float *sw,
+                    const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy, const float *h,
+                    int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw) {
+    const int64_t blocks = (m + OB - 1) / OB, rows = x->n;
     const int lora = lw != NULL && ng > 0;
-    float part[2][MAXROWS / 2][MAXR];
+    float part[2][MAXROWS][MAXR];
     #pragma omp parallel
     {
-        float t[MAXROWS / 2][MAXR];
+        float t[MAXROWS][MAXR];
         STAGE_START
         LORA_T
         int64_t b_lo, b_hi;
@@ -579,11 +614,11 @@ void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t
             int32_t s[MAXROWS][OB];
             const int8_t *wb = w + blk * kp * OB;
             for (int64_t r0 = 0; r0 < rows; r0 += 4)
-                block_sums(x + r0 * kp, rows - r0 < 4 ? rows - r0 : 4, kp, wb, s + r0);
+                block_sums(x->q + r0 * x->ldo, rows - r0 < 4 ? rows - r0 : 4, x->ldo, wb, kp, s + r0);
             const int64_t o0 = blk * OB, o1 = o0 + OB < m ? o0 + OB : m;
-            block_rescale(s, n, o0, o1, wsum, sx, sw, bias, res, ldr, y, m);
+            block_rescale(wb, s, x, o0, o1, wsum, sw, bias, res, ldr, y, ldy);
         }
-        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, m);
+        if (lora) range_delta(lw, t, grows, ng, b_lo * OB, b_hi * OB < m ? b_hi * OB : m, y, ldy);
     }
 }
 

@@ -275,55 +275,63 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
 }
 
 
-static inline void lin_run(const lin_c *L, int amx, const uint8_t *xq, int64_t n, const float *sx, const float *res,
-                           int64_t ldr, float *y, const float *h, int64_t ldh, const int64_t *grows, int64_t ng) {
+static inline void lin_run(const lin_c *L, int amx, qrows *xq, const float *res, int64_t ldr, float *y,
+                           const float *h, int64_t ldh, const int64_t *grows, int64_t ng) {
     const lora_w *lw = ng > 0 ? L->lw : NULL;
-    (amx ? mars_gemv_amx : mars_gemv_rows2)(xq, n, L->w, L->wsum, L->m, L->kp, sx, L->sw, L->bias, res, ldr, y,
-                                            lw ? h : NULL, ldh, lw ? grows : NULL, lw ? ng : 0, lw);
+    (amx ? mars_gemv_amx : mars_gemv_rows)(xq, L->w, L->wsum, L->m, L->kp, L->sw, L->bias, res, ldr, y, L->m,
+                                           lw ? h : NULL, ldh, lw ? grows : NULL, lw ? ng : 0, lw);
 }
 
-/* Every layer of a pass of n = b W <= 16 rows: x (n x D) the residual stream, updated in place. D: the
-   hidden size, I: the MLP's. kbase, vbase: the cache (layers x b x KV x cap x hd). grows (ng): the gated
+/* Every layer of a pass of n = b W <= MARS_MAX_ROWS rows: x (n x D) the residual stream, updated in place. D:
+   the hidden size, I: the MLP's. kbase, vbase: the cache (layers x b x KV x cap x hd). grows (ng): the gated
    rows. The steps and kernels of mars.runtime.quant.Int8Linear's normed / add_to / add_silu_to, in order. */
 int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, int64_t D, int64_t I, int64_t H,
                 int64_t KV, int64_t hd, float *kbase, float *vbase, int64_t cap, int64_t C, const float *cos,
                 const float *sin, const uint8_t *allowed, const int64_t *grows, int64_t ng, int amx) {
     const int64_t n = b * W, F = (H + 2 * KV) * hd, A = H * hd, lstride = b * KV * cap * hd;
     const int64_t kmax = (D > I ? D : I) > A ? (D > I ? D : I) : A, kpmax = (kmax + MARS_PAD - 1) / MARS_PAD * MARS_PAD;
-    if (n > MAXROWS / 2 || ng > MAXROWS / 2) return 1;
+    if (n > MAXROWS || ng > MAXROWS) return 1;
     float *h = (float *)malloc((size_t)(n * kmax) * 4), *qkv = (float *)malloc((size_t)(n * F) * 4);
     float *att = (float *)malloc((size_t)(n * A) * 4), *gu = (float *)malloc((size_t)(n * 2 * I) * 4);
-    uint8_t *xq = (uint8_t *)calloc((size_t)(2 * n * kpmax), 1);
-    float sx[MAXROWS / 2];
-    if (!h || !qkv || !att || !gu || !xq) {
-        free(h); free(qkv); free(att); free(gu); free(xq);
+    uint8_t *q = (uint8_t *)calloc((size_t)(n * kpmax), 1);
+    float sx[MAXROWS], ov[MAXROWS * MARS_OUTLIERS];
+    int32_t oi[MAXROWS * MARS_OUTLIERS];
+    if (!h || !qkv || !att || !gu || !q) {
+        free(h); free(qkv); free(att); free(gu); free(q);
         return 2;
     }
+    /* the rows of each product, laid out for its padded width (the q bytes past k stay 0: the weights' zero
+       padding ignores them either way) */
+    qrows xq = {q, n, 0, sx, ov, oi};
     for (int64_t l = 0; l < nl; l++) {
         const layer_c *ly = L + l;
         STAGE_START
-        mars_rmsnorm_quant(x, n, D, D, ly->ln1, ly->eps1, h, xq, ly->qkv.kp, sx);
+        xq.ldo = ly->qkv.kp;
+        mars_rmsnorm_quant(x, D, D, ly->ln1, ly->eps1, h, &xq);
         STAGE(0)
-        lin_run(&ly->qkv, amx, xq, n, sx, NULL, 0, qkv, h, D, grows, ng);
+        lin_run(&ly->qkv, amx, &xq, NULL, 0, qkv, h, D, grows, ng);
         STAGE(1)
         if (mars_attend(qkv, b, W, H, KV, hd, cos, sin, kbase + l * lstride, vbase + l * lstride, cap, C, allowed, att)) {
-            free(h); free(qkv); free(att); free(gu); free(xq);
+            free(h); free(qkv); free(att); free(gu); free(q);
             return 2;
         }
         STAGE(2)
-        mars_quant_rows2(att, n, A, A, xq, ly->o.kp, sx);
+        xq.ldo = ly->o.kp;
+        mars_quant_rows(att, A, A, &xq);
         STAGE(3)
-        lin_run(&ly->o, amx, xq, n, sx, x, D, x, att, A, grows, ng);
+        lin_run(&ly->o, amx, &xq, x, D, x, att, A, grows, ng);
         STAGE(4)
-        mars_rmsnorm_quant(x, n, D, D, ly->ln2, ly->eps2, h, xq, ly->gu.kp, sx);
+        xq.ldo = ly->gu.kp;
+        mars_rmsnorm_quant(x, D, D, ly->ln2, ly->eps2, h, &xq);
         STAGE(5)
-        lin_run(&ly->gu, amx, xq, n, sx, NULL, 0, gu, h, D, grows, ng);
+        lin_run(&ly->gu, amx, &xq, NULL, 0, gu, h, D, grows, ng);
         STAGE(6)
-        mars_silu_mul_quant(gu, n, I, 2 * I, h, xq, ly->down.kp, sx);
+        xq.ldo = ly->down.kp;
+        mars_silu_mul_quant(gu, I, 2 * I, h, &xq);
         STAGE(7)
-        lin_run(&ly->down, amx, xq, n, sx, x, D, x, h, I, grows, ng);
+        lin_run(&ly->down, amx, &xq, x, D, x, h, I, grows, ng);
         STAGE(8)
     }
-    free(h); free(qkv); free(att); free(gu); free(xq);
+    free(h); free(qkv); free(att); free(gu); free(q);
     return 0;
 }

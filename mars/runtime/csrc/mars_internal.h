@@ -50,6 +50,7 @@ static inline double now_s(void) {
 #define VL 16
 typedef __m512 vf;
 #define VLOADH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VLOADI8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))  /* 16 int8 */
 #define VSET1 _mm512_set1_ps
 #define VFMA _mm512_fmadd_ps
 #define VZERO _mm512_setzero_ps
@@ -72,6 +73,7 @@ typedef __m512 vf;
 #define VL 8
 typedef __m256 vf;
 #define VLOADH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VLOADI8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))  /* 8 int8 */
 #define VSET1 _mm256_set1_ps
 #define VFMA _mm256_fmadd_ps
 #define VZERO _mm256_setzero_ps
@@ -95,8 +97,8 @@ static inline void vstore_u8(uint8_t *p, __m256 x) {  /* 8 whole numbers in [0, 
 #define VPOW2I(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
 #endif
 
-/* value and residual rows of up to MARS_MAX_ROWS tokens; the delta's t = A h per row */
-#define MAXROWS (2 * MARS_MAX_ROWS)
+/* rows (one per token) of a product; the delta's t = A h per row */
+#define MAXROWS MARS_MAX_ROWS
 #define MAXR MARS_MAX_LORA_COLUMNS
 
 /* exp(x) for the SiLU: Cephes' expf (a degree-6 polynomial on x - n ln2, then 2^n; within 2 ulp) written

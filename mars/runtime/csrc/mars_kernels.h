@@ -12,8 +12,9 @@
 
 #include <stdint.h>
 
-/* Limits the kernels are built with (Python's MAX_C_ROWS, MAX_LORA_COLUMNS, LORA_BLOCK, PAD, MAX_HEAD_DIM) */
-#define MARS_MAX_ROWS 16          /* tokens' rows one C product or one layer-loop call takes at most */
+/* Limits the kernels are built with (Python's MAX_C_ROWS, OUTLIERS, MAX_LORA_COLUMNS, LORA_BLOCK, PAD, MAX_HEAD_DIM) */
+#define MARS_MAX_ROWS 64          /* rows (one per token) one C product or one layer-loop call takes at most */
+#define MARS_OUTLIERS 8           /* a row's largest values carried in float beside its int8 row */
 #define MARS_MAX_LORA_COLUMNS 256 /* values of t = A h per row the gated delta holds (A's rank, padded to 16) */
 #define MARS_LORA_BLOCK 16        /* outputs per stored block of the delta's B */
 #define MARS_PAD 64               /* the product reads rows of a multiple of this many bytes (one AVX-512 register) */
@@ -26,11 +27,13 @@
 #define MARS_ISA_AVX512 2
 #define MARS_ISA_AVX512_VNNI 3
 
-/* One fused Linear's gated deltas (LoraWeights in Python): see mars_lora_rows. */
+/* One fused Linear's gated deltas (LoraWeights in Python), in int8 with float scales: see mars_lora_rows. */
 typedef struct {
-    const uint16_t *at;  /* A transposed, k x R, float16 bits */
+    const int8_t *at;    /* A transposed, k x R: A[j][c] = at[c R + j] * sa[j] */
+    const float *sa;     /* R scales, one per row of A */
     int64_t R, k;
-    const uint16_t *bt;  /* the segments' B transposed, float16 bits */
+    const int8_t *bt;    /* the segments' B, by blocks of outputs: B[o][j] = value * sb[o] */
+    const float *sb;     /* one scale per output (every output of the fused Linear) */
     const int64_t *seg;  /* 5 per segment: first output, outputs, first column of t, columns, offset in bt */
     int64_t nseg;
 } lora_w;
@@ -51,26 +54,32 @@ typedef struct {
     lin_c qkv, o, gu, down;
 } layer_c;
 
+/* Rows quantized for the product (QRows in Python): n rows of one int8 row each (stored + 128, ldo bytes
+   apart), its scale, and its MARS_OUTLIERS largest values (by magnitude) kept apart in float: see quant_row. */
+typedef struct {
+    uint8_t *q;
+    int64_t n, ldo;
+    float *sx;
+    float *ov;    /* n x MARS_OUTLIERS values */
+    int32_t *oi;  /* n x MARS_OUTLIERS their columns */
+} qrows;
+
 /* kernels.c: the int8 matrices' steps and the scoring of logits */
-void mars_quant_rows2(const float *x, int64_t n, int64_t k, int64_t ldx, uint8_t *out, int64_t ldo, float *sx);
-void mars_rmsnorm_quant(const float *x, int64_t n, int64_t k, int64_t ldx, const float *w, float eps, float *h,
-                        uint8_t *out, int64_t ldo, float *sx);
-void mars_silu_mul_quant(const float *gu, int64_t n, int64_t k, int64_t ld, float *a, uint8_t *out, int64_t ldo,
-                         float *sx);
-void mars_combine_rows2(const float *acc, int64_t n, int64_t m, const float *sx, const float *sw,
-                        const float *bias, const float *res, int64_t ldr, float *y);
+void mars_quant_rows(const float *x, int64_t k, int64_t ldx, const qrows *out);
+void mars_rmsnorm_quant(const float *x, int64_t k, int64_t ldx, const float *w, float eps, float *h, const qrows *out);
+void mars_silu_mul_quant(const float *gu, int64_t k, int64_t ld, float *a, const qrows *out);
 void mars_lora_rows(const float *h, int64_t ldh, const int64_t *rows, int64_t n, const lora_w *lw, float *y,
                     int64_t ldy);
 int mars_block(void);
 int mars_isa(void);
 int mars_has_amx(void);
 int mars_amx_init(void);
-void mars_gemv_rows2(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                     const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                     const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw);
-void mars_gemv_amx(const uint8_t *x, int64_t n, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp,
-                   const float *sx, const float *sw, const float *bias, const float *res, int64_t ldr, float *y,
-                   const float *h, int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw);
+void mars_gemv_rows(const qrows *x, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp, const float *sw,
+                    const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy, const float *h,
+                    int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw);
+void mars_gemv_amx(const qrows *x, const int8_t *w, const int32_t *wsum, int64_t m, int64_t kp, const float *sw,
+                   const float *bias, const float *res, int64_t ldr, float *y, int64_t ldy, const float *h,
+                   int64_t ldh, const int64_t *grows, int64_t ng, const lora_w *lw);
 void mars_argmax_conf(const float *x, int64_t n, int64_t V, int64_t ld, int64_t *tok, float *conf);
 void mars_top_probs(const float *x, int64_t n, int64_t V, int64_t ld, int64_t k, int64_t *idx, float *prob);
 int mars_stages(double *out);
