@@ -82,23 +82,23 @@ def test_packed_drafts_equal_one_uncached_forward_per_frontier(pair, rows_per_fo
     bare, gated = pair
     answers = answers_of(gated)
     assert sum(len(a.answer_ids) > 8 for a in answers) >= 2  # answers of several lengths, some long
-    found = measure(gated, answers, 4, ("adapter", "bare"), rows_per_forward=rows_per_forward)
-    for variant, lm in (("adapter", gated), ("bare", bare)):  # bare: the model loaded without the adapter
+    found = measure(gated, answers, 4, ("model", "bare"), rows_per_forward=rows_per_forward)
+    for variant, lm in (("model", gated), ("bare", bare)):  # bare: the model loaded without the adapter
         got, want = as_dict(found[variant]), reference_drafts(lm, answers, 4)
         assert got.keys() == want.keys()
         assert all(got[k][0] == want[k][0] for k in want), variant
         assert max(abs(got[k][1] - want[k][1]) for k in want) < 1e-5, variant
     # the adapter changed the drafts (else the comparison would show nothing) and left the answers alone
-    assert as_dict(found["adapter"]) != as_dict(found["bare"])
+    assert as_dict(found["model"]) != as_dict(found["bare"])
     assert [a.answer_ids for a in answers_of(bare)] == [a.answer_ids for a in answers]
 
 
 def test_the_fast_backend_measures_what_transformers_measures(pair):
     _, gated = pair
     answers = answers_of(gated, 16)
-    *_, (_, _, fast) = lab.teacher_forced(gated, answers, 3, ("adapter", "bare"), backend="fast", rows_per_forward=40)
-    hf = measure(gated, answers, 3, ("adapter", "bare"))
-    for v in ("adapter", "bare"):
+    *_, (_, _, fast) = lab.teacher_forced(gated, answers, 3, ("model", "bare"), backend="fast", rows_per_forward=40)
+    hf = measure(gated, answers, 3, ("model", "bare"))
+    for v in ("model", "bare"):
         a, b = as_dict(fast[v]), as_dict(hf[v])
         assert a.keys() == b.keys() and all(a[k][0] == b[k][0] for k in a)
         assert max(abs(a[k][1] - b[k][1]) for k in a) < 1e-4
@@ -116,7 +116,7 @@ def test_stop_ends_the_measurement_between_forwards(pair):
             control.cancel()
         return fn(*args)
 
-    out = list(lab.teacher_forced(gated, answers, 4, ("adapter", "bare"), backend="hf", run=run, control=control,
+    out = list(lab.teacher_forced(gated, answers, 4, ("model", "bare"), backend="hf", run=run, control=control,
                                   rows_per_forward=16))
     assert len(calls) == 2 and all(found is None for _, _, found in out)
 
@@ -145,7 +145,7 @@ def test_predicted_tokens_per_pass_is_the_decoders_rule_pass_by_pass(pair):
 
     _, gated = pair
     answers = answers_of(gated)
-    d = measure(gated, answers, 4, ("adapter",))["adapter"]
+    d = measure(gated, answers, 4, ("model",))["model"]
     by = as_dict(d)
     taus = [1.0, 0.5, 0.2, 0.1, 0.05, 0.0]
     for row in lab.predicted_tokens_per_pass(d, answers, taus, repeat_tau=1.0):
@@ -194,7 +194,7 @@ def test_special_tokens_are_other_and_pieces_join_to_the_text(pair):
 def test_analysis_tables_hold_the_extremes(pair):
     _, gated = pair
     answers = answers_of(gated)
-    d = measure(gated, answers, 4, ("adapter",))["adapter"]
+    d = measure(gated, answers, 4, ("model",))["model"]
     tau = 0.15
     a = lab.analyse(d, answers, gated.tokenizer, tau=tau, taus=[0.5])
     assert a["drafts"] == len(d.conf) == sum(x["count"] for x in a["depths"]) == sum(c["count"] for c in a["classes"])
@@ -223,7 +223,7 @@ def test_run_lab_end_to_end_and_its_files(pair):
     assert [e.stage for e in events][-1] == "done"
     assert {e.stage for e in events} == {"answers", "drafts", "analysed", "decoding", "done"}
     result = events[-1].result
-    assert set(result["variants"]) == {"adapter", "bare"}
+    assert set(result["variants"]) == {"model", "bare"}
     assert [a["reused"] for a in result["answers"]] == [True, False, False]
     assert [m["tau"] for m in result["measured"]] == [0.5, 0.1]
     m = result["measured"][1]
@@ -232,7 +232,7 @@ def test_run_lab_end_to_end_and_its_files(pair):
     runs = generate_ids(gated, ids, DecodeConfig(mode="mars", tau=0.1, block_size=4, max_new_tokens=16, backend="hf"))
     assert m["tokens_per_pass"] == pytest.approx(sum(r.tokens for r in runs) / sum(r.passes for r in runs))
     back = json.loads(json.dumps(result))
-    assert back["variants"]["adapter"]["depths"][0]["count"] > 0
+    assert back["variants"]["model"]["depths"][0]["count"] > 0
     rows = list(csv.DictReader(io.StringIO(lab.to_csv(result))))
     assert {r["table"] for r in rows} >= {"summary", "depth", "reliability", "predicted_tokens_per_pass", "class",
                                           "measured_tokens_per_pass"}
@@ -242,7 +242,9 @@ def test_run_lab_end_to_end_and_its_files(pair):
 
 def test_a_model_without_gated_adapter_measures_what_it_has(tiny_lm):
     cfg = lab.LabConfig(max_new_tokens=8, taus=())
-    assert lab.variants_of(tiny_lm, cfg) == ("bare",)
+    assert lab.variants_of(tiny_lm, cfg) == ("model",)
+    with pytest.raises(ValueError, match="gated adapter"):
+        lab.variants_of(tiny_lm, lab.LabConfig(bare_only=True))
     ids = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS[:2]]
     result = list(lab.run_lab(tiny_lm, PROMPTS[:2], ids, lab.LabConfig(max_new_tokens=8, taus=(), backend="hf")))[-1]
-    assert list(result.result["variants"]) == ["bare"] and result.result["measured"] == []
+    assert list(result.result["variants"]) == ["model"] and result.result["measured"] == []

@@ -35,7 +35,7 @@ import torch
 MAX_PROMPTS = 16  # the app's and the CLI's cap: 16 answers of 128 tokens take ~20 s on two cores (int8)
 ROWS_PER_FORWARD = 1024  # mask rows per forward: a forward stays ~1 s on two cores (Stop acts between forwards)
 TOP = 10  # rows of each table
-VARIANTS = ("adapter", "bare")
+VARIANTS = ("model", "bare")  # as loaded (with its adapter), and with a gated adapter closed
 CLASSES = ("word start", "word piece", "number", "punctuation", "code symbol", "other")
 PROSE_PUNCT = set(".,;:!?'\"-()…–—‘’“”")  # what prose uses; the other symbols count as code
 
@@ -149,7 +149,7 @@ def score(logits: torch.Tensor, depths: torch.Tensor, temperatures=None) -> tupl
     return arg, torch.exp(mx - torch.logsumexp(z, -1))
 
 
-def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("adapter",), *, runner_factory=None,
+def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("model",), *, runner_factory=None,
                    backend: str = "auto", run: Callable | None = None, control=None,
                    rows_per_forward: int = ROWS_PER_FORWARD) -> Iterator[tuple[int, int, dict | None]]:
     """Measure the drafts; yields (forwards done, forwards in all, None) after each forward and finally
@@ -158,7 +158,7 @@ def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("adapte
     run(fn, *args): where each forward runs (the app's model thread: `pass_slot.run`); default here.
     runner_factory(model, cfg, batch, capacity): what runs the model (the decoder's `backend=`; default the
     backend `backend` names, mars.decoding.decoder.make_runner). Variant "bare": the same model with its gated
-    adapter off (mars.models.gated.adapter_off); "adapter": as it is.
+    adapter closed (mars.models.gated.adapter_off); "model": as loaded, its adapter (if any) on.
     """
     from mars.decoding.decoder import DecodeConfig, make_runner
     from mars.models.gated import adapter_off
@@ -167,8 +167,9 @@ def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("adapte
     for v in variants:
         if v not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {v!r}")
-    if "bare" in variants and "adapter" in variants and not lm.gated:
-        raise ValueError("the bare/adapter comparison needs a gated adapter (one that acts at mask inputs only)")
+    if "bare" in variants and not lm.gated:
+        raise ValueError("the bare model is measured by closing a gated adapter (one that acts at mask inputs "
+                         "only); this model has none")
     cfg = DecodeConfig(mode="mars", block_size=block_size, backend=backend)
     temps = (getattr(lm, "calibration", None) or {}).get("temperatures")
     groups = packs(answers, block_size, rows_per_forward)
@@ -429,13 +430,15 @@ class LabProgress:
 
 
 def variants_of(lm, cfg: LabConfig) -> tuple[str, ...]:
-    """Which models the run measures: the bare model alone for a model without adapter (or --bare), else the
-    adapter, and beside it the bare model where the adapter is gated and the comparison asked for."""
-    if cfg.bare_only or lm.adapter is None:
+    """Which models the run measures: "model" (as loaded, with its adapter), and beside it "bare" (the gated
+    adapter closed) where the adapter is gated and the comparison asked for; "bare" alone for `bare_only`."""
+    if cfg.bare_only:
+        if not lm.gated:
+            raise ValueError("--bare closes a gated adapter; this model has none (it is measured as it is)")
         return ("bare",)
     if cfg.compare and lm.gated:
-        return ("adapter", "bare")
-    return ("adapter",)
+        return ("model", "bare")
+    return ("model",)
 
 
 def run_lab(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: LabConfig, *, run: Callable | None = None,
@@ -517,12 +520,12 @@ def run_lab(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: LabConfig,
     yield LabProgress("analysed", 1, 1, "drafts measured", result, dict(seconds))
 
     # 3. measured: the same prompts decoded at each tau of the sweep (the adapter's drafts, as the app decodes)
-    if cfg.taus and "adapter" in variants:
+    if cfg.taus and "model" in variants:
         t0 = time.perf_counter()
         base = DecodeConfig(mode="mars", block_size=cfg.block_size, max_new_tokens=cfg.max_new_tokens,
                             backend=cfg.backend)
         for i, rows in enumerate(sweep_batch(lm, prompt_ids, base, list(cfg.taus), control, run, runner_factory)):
-            result["measured"] = join_measured(rows, result["variants"]["adapter"]["tokens_per_pass"])
+            result["measured"] = join_measured(rows, result["variants"]["model"]["tokens_per_pass"])
             yield LabProgress("decoding", i + 1, len(cfg.taus), "decoding the prompts at each τ", result)
         if control is not None and control.cancelled:
             return
@@ -567,7 +570,7 @@ def to_csv(result: dict) -> str:
                 w.writerow([name, v, r["depth"], f'{r["before"]}|{r["pass"]}|{r["right"]} (draft {r["draft"]})',
                             "", r["confidence"], "", r["prompt_index"]])
     for m in result.get("measured", []):
-        w.writerow(["measured_tokens_per_pass", "adapter", "", m["tau"], m["passes"], "", "", m["tokens_per_pass"]])
+        w.writerow(["measured_tokens_per_pass", "model", "", m["tau"], m["passes"], "", "", m["tokens_per_pass"]])
     return out.getvalue()
 
 
