@@ -248,3 +248,15 @@ def test_a_model_without_gated_adapter_measures_what_it_has(tiny_lm):
     ids = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS[:2]]
     result = list(lab.run_lab(tiny_lm, PROMPTS[:2], ids, lab.LabConfig(max_new_tokens=8, taus=(), backend="hf")))[-1]
     assert list(result.result["variants"]) == ["model"] and result.result["measured"] == []
+
+
+def test_the_backends_one_call_scoring_gives_what_softmax_gives():
+    from mars.runtime.scoring import C_SCORING
+
+    logits = torch.randn(300, 997, generator=torch.Generator().manual_seed(3)) * 4
+    depths = torch.randint(1, 4, (300,))
+    fast, slow = lab.score(logits, depths, None, C_SCORING), lab.score(logits, depths)
+    assert torch.equal(fast[0], slow[0]) and torch.allclose(fast[1], slow[1], atol=1e-6)
+    calibrated = lab.score(logits, depths, [2.0, 0.5], C_SCORING)  # temperatures: the softmax path
+    p = torch.softmax(logits / torch.tensor([1.0, 2.0, 0.5, 1.0])[depths][:, None], -1)
+    assert torch.equal(calibrated[0], p.argmax(-1)) and torch.allclose(calibrated[1], p.max(-1).values, atol=1e-6)

@@ -120,7 +120,8 @@ def test_stop_stops_within_a_forward(server, page):
 @pytest.mark.skipif(os.environ.get("MARS_BROWSER_DEFAULT") != "1", reason="set MARS_BROWSER_DEFAULT=1 (default model)")
 def test_default_model_acceptance_screenshot(browser):
     """The tab on the default model and the shipped adapter: 16 story prompts, 128 new tokens, compare on,
-    the sweep's taus decoded; prints the seconds of each stage and writes assets/accept.png."""
+    the sweep's taus decoded; prints the seconds of each stage, writes assets/accept.png (and the data to
+    MARS_ACCEPT_OUT when set)."""
     from mars.app.serving import default_provider
 
     demo, url = serve(default_provider())
@@ -135,6 +136,14 @@ def test_default_model_acceptance_screenshot(browser):
         page.click("#accept-run")
         page.wait_for_function("!document.querySelector('#accept-download-csv').disabled", timeout=1_800_000)
         print("\n" + page.locator("#accept-progress").inner_text())
+        with page.expect_download() as got:
+            page.click("#accept-download")
+        data = json.loads(open(got.value.path()).read())
+        assert set(data["variants"]) == {"model", "bare"} and len(data["measured"]) == 3
+        if os.environ.get("MARS_ACCEPT_OUT"):  # keep the data the README's paragraph quotes
+            with open(os.environ["MARS_ACCEPT_OUT"], "w") as f:
+                json.dump(data, f, indent=1)
+        page.evaluate("window.scrollTo(0, 0)")
         save_screenshot(page, "accept.png")
         page.close()
     finally:

@@ -138,9 +138,14 @@ def packs(answers: list[Answer], block_size: int, rows_per_forward: int = ROWS_P
     return out + ([cur] if cur else [])
 
 
-def score(logits: torch.Tensor, depths: torch.Tensor, temperatures=None) -> tuple[torch.Tensor, torch.Tensor]:
+def score(logits: torch.Tensor, depths: torch.Tensor, temperatures=None, scoring=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(draft, confidence) per row of logits (N, V): argmax and p(argmax), each depth's logits divided by its
-    calibration temperature first (mars.decoding.acceptance.calibrate_logits: mask j by temperatures[j-1])."""
+    calibration temperature first (mars.decoding.acceptance.calibrate_logits: mask j by temperatures[j-1]).
+    `scoring`: the backend's one-call way to the uncalibrated case (mars.runtime.scoring), as decoding uses it."""
+    if scoring is not None and not temperatures:
+        fast = scoring.argmax_conf(logits)
+        if fast is not None:
+            return fast[0].long(), fast[1].float()
     z = logits.float()
     if temperatures:
         t = torch.tensor([1.0] + [float(x) for x in temperatures] + [1.0] * 64)
@@ -194,7 +199,7 @@ def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("model"
                 runner.truncate(Lc)  # the other variant's mask KV goes; the clean columns stay
                 with adapter_off(lm.model) if v == "bare" else _nothing():
                     logits = runner.forward(mask_ids, pack.mask_pos, pack.mask_allowed, list(range(N)))[0]
-                return score(logits, depths, temps)
+                return score(logits, depths, temps, getattr(runner, "scoring", None))
 
             pred, conf = run(masks)
             found[v].append((pack, pred, conf))
