@@ -587,7 +587,7 @@ def summary_lines(result: dict) -> list[str]:
                           for d in a["depths"] if d["count"])
         lines.append(f'{v}: {a["drafts"]} drafts, ECE {a["ece"]:.3f}; {depth}')
         tp = {round(t["tau"], 2): t for t in a["tokens_per_pass"]}
-        lines.append(f"  predicted tokens/pass: " + ", ".join(
+        lines.append("  predicted tokens/pass: " + ", ".join(
             f'tau {t:.2f}: {tp[t]["predicted"]:.2f}' for t in sorted(tp, reverse=True) if t in (0.9, 0.7, 0.5)))
     for m in result.get("measured", []):
         lines.append(f'measured at tau {m["tau"]:.2f}: {m["tokens_per_pass"]:.2f} tokens/pass '
