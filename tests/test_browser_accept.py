@@ -110,7 +110,9 @@ def test_stop_stops_within_a_forward(server, page):
         page.click("#accept-stop")
         page.wait_for_selector("#accept-progress >> text=stopped", timeout=10_000)
         took = time.perf_counter() - t0
-        assert took < 5  # one forward is ~50 ms; the rest is the page's round trips
+        # one forward is ~50 ms, the rest the page's round trips on a shared machine; unstopped, the 256 passes
+        # of the answers alone would take 13 s
+        assert took < 8
         assert page.locator("#accept-download").is_disabled()
     finally:
         demo.mars_app.holder.backend = None
