@@ -29,6 +29,7 @@ from mars.app.model_thread import in_own_thread
 from mars.app.serving import ModelHolder, load_other, public_name, vet_switch
 from mars.app.session import Session, run_stream, trace_json
 from mars.app.sweep import parse_taus, sweep
+from mars.app.accept_tab import build_accept_tab
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
     DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, app_tree_nodes, backend_label,
@@ -487,6 +488,8 @@ class MarsApp:
                         self._sweep_tab()
                     with gr.Tab("Batch"):  # the paper's Figure 4, live (mars.app.tabs)
                         self.ui.batch = build_batch_tab(self._lm, self.holder.pass_slot, concurrency_limit=limit)
+                    with gr.Tab("Acceptance"):  # issue 43: where and why drafts are accepted (mars.app.accept_tab)
+                        self.ui.accept = build_accept_tab(self._lm, self.holder.pass_slot, session, limit)
                     with gr.Tab("How it works"):
                         self._how_tab()
                     with gr.Tab("Model"):

@@ -1,4 +1,4 @@
-"""`python -m mars {generate,train,bench,eval,calibrate}`: the command line over the library.
+"""`python -m mars {generate,train,bench,eval,calibrate,accept,settings}`: the command line over the library.
 
 Errors exit non-zero with one line that says what to do.
 """
@@ -18,6 +18,7 @@ OOM_ADVICE = {  # what to lower, per command, when a run runs out of GPU memory
     "bench": "smaller --batch-sizes or --max-new-tokens, or --device cpu",
     "eval": "a smaller --limit or --max-new-tokens, or --device cpu",
     "calibrate": "a smaller --limit, or --device cpu",
+    "accept": "fewer prompts or a smaller --max-new-tokens or --rows-per-forward, or --device cpu",
     "train": "a smaller --batch-size (raise --grad-accum to keep the batch) or --max-length, or --device cpu",
 }
 
@@ -103,6 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="auto", choices=list(BACKENDS),
                    help="what runs the model: auto = fast where supported; hf = transformers (reference); "
                         "fast-bf16 = bfloat16 matrices (faster, not exact)")
+
+    a = sub.add_parser("accept", help="the acceptance lab: each mask depth's drafts measured teacher-forced on the "
+                                      "model's own answers (reliability, ECE, predicted vs measured tokens/pass)")
+    a.add_argument("prompts", nargs="*", help="one user message per prompt (at most 16)")
+    _add_model_args(a)
+    a.add_argument("--set", default=None, dest="prompt_set",
+                   help="a built-in set of training-side prompts: facts, lists, code, stories, math or rewrites")
+    a.add_argument("--out", default=None, help="write the data here: .json or .csv (default: a summary only)")
+    both = a.add_mutually_exclusive_group()
+    both.add_argument("--compare", action="store_true",
+                      help="also the bare model (the gated adapter closed), side by side with the adapter")
+    both.add_argument("--bare", action="store_true", help="the bare model only (the gated adapter closed)")
+    a.add_argument("--block-size", type=int, default=None, help="B (default: as trained, else 4)")
+    a.add_argument("--max-new-tokens", type=int, default=128)
+    a.add_argument("--tau", type=float, default=0.9, help="the tables' and the token classes' tau")
+    a.add_argument("--taus", default="0.9,0.7,0.5",
+                   help="taus decoded to measure tokens/pass beside the prediction ('' = predicted only)")
+    a.add_argument("--rows-per-forward", type=int, default=None, help="mask rows per teacher-forced forward")
+    a.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    a.add_argument("--backend", default="auto-int8", choices=list(BACKENDS),
+                   help="what runs the model (default auto-int8, the app's: int8 matrices on a CPU)")
 
     t = sub.add_parser("train", help="fine-tune a model with the MARS objective")
     t.add_argument("--data", required=True, nargs="+", help="self-distilled JSONL (.gz) files, read as one set")
@@ -479,6 +501,57 @@ def _train_autocast(flag: str | None, device: str) -> str | None:
     return "bfloat16" if resolve_device(device) == "cuda" else None
 
 
+def cmd_accept(args) -> int:
+    """The acceptance lab (mars.evaluation.acceptance_lab): a summary on stderr, the data to --out."""
+    import time
+
+    import torch
+
+    from mars.decoding.decoder import encode_prompt
+    from mars.evaluation.acceptance_lab import MAX_PROMPTS, ROWS_PER_FORWARD, LabConfig, run_lab, summary_lines, to_csv
+    from mars.evaluation.prompt_sets import SETS
+    from mars.models.loading import load
+    from mars.runtime.backends import resolve_backend
+
+    prompts = list(args.prompts)
+    if args.prompt_set is not None:
+        if args.prompt_set not in SETS:
+            raise ValueError(f"--set must be one of {', '.join(SETS)}, got {args.prompt_set!r}")
+        prompts += SETS[args.prompt_set]
+    if not prompts or any(not p.strip() for p in prompts):
+        raise ValueError("give 1 to 16 non-empty prompts, or --set KIND")
+    if len(prompts) > MAX_PROMPTS:
+        raise ValueError(f"{len(prompts)} prompts given: the lab takes at most {MAX_PROMPTS}")
+    if args.out is not None and Path(args.out).suffix not in (".json", ".csv"):
+        raise ValueError(f"--out must end in .json or .csv, got {args.out!r}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lm = load(args.model, args.adapter, args.mask_token, args.dtype, args.trust_remote_code, args.device)
+    for w in lm.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    taus = tuple(float(t) for t in args.taus.replace(";", ",").split(",") if t.strip())
+    cfg = LabConfig(block_size=args.block_size or lm.default_block_size, max_new_tokens=args.max_new_tokens,
+                    tau=args.tau, taus=tuple(t for t in taus if t < 1.0), compare=args.compare, bare_only=args.bare,
+                    backend=resolve_backend(lm.model, args.backend),
+                    rows_per_forward=args.rows_per_forward or ROWS_PER_FORWARD)
+    ids = [encode_prompt(lm.tokenizer, p) for p in prompts]
+    describe = {k: lm.describe()[k] for k in ("model", "adapter", "gated", "trained_block_size")}
+    t0, result, shown = time.perf_counter(), None, None
+    for p in run_lab(lm, prompts, ids, cfg, describe=describe | {"backend": cfg.backend, "threads": torch.get_num_threads()}):
+        if p.stage != shown:
+            shown = p.stage
+            print(f"[{time.perf_counter() - t0:6.1f} s] {p.stage}: {p.note}", file=sys.stderr)
+        result = p.result or result
+    for line in summary_lines(result):
+        print(line, file=sys.stderr)
+    print(f"seconds: {json.dumps({k: round(v, 2) for k, v in result['seconds'].items()})}", file=sys.stderr)
+    if args.out:
+        out = Path(args.out)
+        out.write_text(to_csv(result) if out.suffix == ".csv" else json.dumps(result, indent=1), encoding="utf-8")
+        print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_settings(args) -> int:
     from mars.settings import markdown_table
 
@@ -492,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return {"generate": cmd_generate, "train": cmd_train, "bench": cmd_bench, "eval": cmd_eval,
-                "calibrate": cmd_calibrate, "settings": cmd_settings}[args.command](args)
+                "calibrate": cmd_calibrate, "accept": cmd_accept, "settings": cmd_settings}[args.command](args)
     except (LoadError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -161,3 +161,13 @@ def test_same_records(tiny_dir, tmp_path):
     r = subprocess.run([sys.executable, "-m", "benchmarks.same_records", "--compare", str(a), str(b)], cwd=ROOT,
                        capture_output=True, text=True, env=ENV)
     assert r.returncode == 1 and "DIFFERENT" in r.stdout and r.stdout.splitlines()[-1] == "some runs differ"
+
+
+def test_accept_lab(tiny_dir, tmp_path):
+    out = tmp_path / "lab.json"
+    text = bench("accept_lab", "--model", tiny_dir, "--adapter", "none", "--backend", "hf", "--max-new-tokens", 8,
+                 "--rounds", 1, "--threads", 1, "--out", out)
+    data = json.loads(out.read_text())
+    assert json.loads(text) == data and data["prompts"] == 16 and data["answer_tokens"] > 0
+    packed, alone = data["drafts"]["1024 rows per forward"], data["drafts"]["one answer per forward"]
+    assert packed["forwards"] < alone["forwards"] and packed["min_s"] > 0

@@ -42,3 +42,31 @@ def sweep(holder, lm, prompt_ids: list[int], base: DecodeConfig, taus: list[floa
         rows.append({"tau": tau, "passes": r.passes, "tokens": r.tokens, "tokens_per_pass": r.tokens_per_pass,
                      "seconds": r.decode_seconds, "agreement": prefix_agreement(reference, r.token_ids), "nll": nll})
         yield list(rows)
+
+
+def sweep_batch(lm, prompt_ids: list[list[int]], base: DecodeConfig, taus: list[float], control: DecodeControl | None,
+                run=None, backend=None) -> Iterator[list[dict]]:
+    """Several prompts at each tau, decoded as one batch (decode_steps: each row's tokens and passes are the
+    ones it gets decoded alone, mars.app.batch checks it); yield the growing table of {tau, passes, tokens,
+    tokens_per_pass, seconds}, passes counted per row as in `sweep`. `run(fn, *args)`: where each pass runs
+    (the app's model thread: `pass_slot.run`); `backend`: the decoder's."""
+    from mars.decoding.decoder import decode_steps
+    from mars.decoding.records import RunTotals
+
+    run = run or (lambda fn, *a: fn(*a))
+    rows: list[dict] = []
+    for tau in taus:
+        if control is not None and control.cancelled:
+            return
+        cfg = replace(base, mode="mars", tau=tau)
+        runs = [RunRecord(cfg, list(p)) for p in prompt_ids]
+        steps = decode_steps(lm, prompt_ids, cfg, control, backend=backend)
+        while (records := run(next, steps, None)) is not None:
+            for rec in records:
+                runs[rec.row].add(rec)
+        if control is not None and control.cancelled:
+            return
+        t = RunTotals.of(runs)
+        rows.append({"tau": tau, "passes": t.passes, "tokens": t.tokens, "tokens_per_pass": t.tokens_per_pass,
+                     "seconds": t.batch_seconds})
+        yield list(rows)

@@ -17,6 +17,7 @@ instead of merging it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -152,3 +153,25 @@ def gate_peft_model(model, mask_token_id: int) -> list:
     if len(handles) == n_hooks:
         raise ValueError("gate_peft_model: no LoRA layers found")
     return handles
+
+
+@contextlib.contextmanager
+def adapter_off(model):
+    """Run `model` as the bare model for the duration: its gated adapter (if any) finds no mask row to act at.
+
+    The gate is the one rule above, (input id == mask token id), read per forward by both paths (the hooks'
+    MaskRows and the fast path's FastLM.forward); an id no input can have closes it, and the weights, the fast
+    path's matrices and the deltas all stay as they are. Mask inputs then run the bare model: what the
+    acceptance lab compares the adapter with. One forward at a time (the app's model thread): a pass of
+    another visitor must not run inside this block.
+    """
+    gated = getattr(model, "_mars_gated", None)
+    if gated is None:
+        yield model
+        return
+    ids = gated.mask_token_id, gated.mask_rows.mask_token_id
+    gated.mask_token_id = gated.mask_rows.mask_token_id = -1
+    try:
+        yield model
+    finally:
+        gated.mask_token_id, gated.mask_rows.mask_token_id = ids

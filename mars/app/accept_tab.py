@@ -1,0 +1,226 @@
+"""The Acceptance tab (issue 43): the lab of mars.evaluation.acceptance_lab in the app, for whoever studies where
+and why drafts are accepted. Components and one handler only: the measurement is the lab's, the drawing
+mars.app.accept_viz's, and every forward runs on the app's model thread (`pass_slot`), one at a time with the
+other visitors' passes. It changes nothing shared: the bare model is the shared model with its gated adapter
+closed for the length of one forward on that thread (mars.models.gated.adapter_off).
+
+elem ids: accept-prompts, accept-set, accept-tau, accept-block-size, accept-max-new-tokens, accept-taus,
+accept-compare, accept-run, accept-stop, accept-progress, accept-reliability, accept-depth, accept-tpp,
+accept-classes, accept-table, accept-download (JSON), accept-download-csv.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import gradio as gr
+
+from mars.app import accept_viz
+from mars.decoding.decoder import DecodeControl, check_int
+from mars.evaluation.acceptance_lab import MAX_PROMPTS, LabConfig, run_lab
+from mars.evaluation.prompt_sets import SETS
+
+UPDATE_EVERY_S = 0.3  # the progress line at most this often
+OWN = "your prompts"
+INTRO = (f"Up to {MAX_PROMPTS} prompts: the model's greedy answer to each (the last Generate's is reused), then the "
+         "drafts of every mask depth measured **teacher-forced at every position** of those answers, in the training "
+         "layout (a few forwards, not one per token). The tokens per pass they predict at each τ stand beside those "
+         "measured by decoding the same prompts; **compare** measures the bare model (the adapter off) as well, to "
+         "show what training taught.")
+
+
+def parse_lab_prompts(text, check: Callable[[str], str] | None = None) -> list[str]:
+    """One prompt per non-blank line, 1..MAX_PROMPTS of them; ValueError with one message a visitor can act on.
+    check: the app's single-prompt check (mars.app.inputs.check_prompt) on every line."""
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise ValueError(f"the prompts must be text, one per line, got {type(text).__name__}")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError(f"no prompts: type one prompt per line (1 to {MAX_PROMPTS}), or pick a built-in set")
+    if len(lines) > MAX_PROMPTS:
+        raise ValueError(f"{len(lines)} prompts given: the lab takes at most {MAX_PROMPTS}, one per line")
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            out.append(check(line) if check else line)
+        except ValueError as e:
+            raise ValueError(f"line {i}: {e}") from None
+    return out
+
+
+def reusable_answers(session, max_new_tokens: int, backend: str) -> dict:
+    """{prompt: {"ids", "finished"}} from the visitor's last Generate: its AR run, or its verified run (lossless:
+    the same greedy text), when finished with the same backend and at least as many new tokens allowed."""
+    out = {}
+    for run in (getattr(session, "ar", None), getattr(session, "mars", None)):
+        if run is None or run.finished is None or run.finish_reason == "cancelled" or not run.prompt:
+            continue
+        c = run.config
+        greedy = c.mode == "ar" or (c.mode == "verified" and c.temperature == 0)
+        if not greedy or c.backend != backend:
+            continue
+        ids = list(run.token_ids)
+        if run.finish_reason == "eos" or len(ids) >= max_new_tokens:
+            out.setdefault(run.prompt, {"ids": ids[:max_new_tokens],
+                                        "finished": run.finish_reason == "eos" and len(ids) <= max_new_tokens})
+    return out
+
+
+@dataclass
+class AcceptSession:
+    """One visitor's lab state (a gr.State): the run's control and its download files."""
+
+    control: DecodeControl | None = None
+    folder: str | None = None
+
+    def stop(self):
+        if self.control is not None:
+            self.control.cancel()
+
+    def close(self):
+        self.stop()
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = None
+
+    def write(self, result: dict) -> tuple[str, str]:
+        from mars.evaluation.acceptance_lab import to_csv
+
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix="mars-accept-"))
+        self.folder = str(folder)
+        js, cs = folder / "mars-acceptance.json", folder / "mars-acceptance.csv"
+        js.write_text(json.dumps(result, indent=1), encoding="utf-8")
+        cs.write_text(to_csv(result), encoding="utf-8")
+        return str(js), str(cs)
+
+
+def _progress_text(p) -> str:
+    what = {"answers": "greedy answers: pass", "drafts": "teacher-forced forwards", "decoding": "decoding at τ",
+            "analysed": "analysed", "done": "done"}[p.stage]
+    return f"{p.note}: {what} {p.done} of {p.total}" if p.stage not in ("analysed", "done") else p.note
+
+
+def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
+    """The tab's run handler: a generator of (progress, 4 figures, table, JSON file, CSV file)."""
+    from mars.app import inputs
+    from mars.app.serving import public_name
+    from mars.app.sweep import parse_taus
+    from mars.runtime.backends import resolve_backend
+
+    def run(prompts_text, tau, block_size, max_new_tokens, taus_text, compare, session: AcceptSession,
+            main_session=None):
+        lm = get_lm()
+        try:
+            prompts = parse_lab_prompts(prompts_text, inputs.check_prompt)
+            if lm.mask_token_id is None:
+                raise ValueError("this model has no mask token: it drafts nothing, so there is no acceptance to study")
+            taus = parse_taus(taus_text) if str(taus_text or "").strip() else []
+            backend = resolve_backend(lm.model, inputs.app_backend())
+            cfg = LabConfig(block_size=check_int("block size", block_size, 2, inputs.MAX_BLOCK),
+                            max_new_tokens=check_int("max new tokens", max_new_tokens, 1,
+                                                            inputs.max_new_tokens_limit()),
+                            tau=tau, taus=tuple(t for t in taus if t < 1.0), compare=bool(compare), backend=backend)
+            ids = [inputs.encode_checked(lm, p, inputs.make_config("ar", 1.0, 1, cfg.max_new_tokens, top_k=0))
+                   for p in prompts]
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+        session.stop()
+        control = session.control = DecodeControl()
+        skip = gr.skip()
+        d = lm.describe()
+        model = {"model": public_name(d["model"]), "adapter": public_name(d["adapter"]), "gated": d["gated"],
+                 "trained_block_size": d["trained_block_size"], "backend": backend}
+        reuse = reusable_answers(main_session, cfg.max_new_tokens, backend) if main_session is not None else {}
+        runner_factory = getattr(getattr(pass_slot, "holder", None), "backend", None)
+        last, result = 0.0, None
+        try:
+            for p in run_lab(lm, prompts, ids, cfg, run=pass_slot.run if pass_slot is not None else None,
+                             control=control, runner_factory=runner_factory, reuse=reuse, describe=model):
+                if p.result is not None and p.stage in ("analysed", "decoding", "done"):
+                    result = p.result
+                    figs = (accept_viz.make_reliability_figure(result), accept_viz.make_depth_figure(result),
+                            accept_viz.make_tokens_per_pass_figure(result), accept_viz.make_classes_figure(result))
+                    table = accept_viz.render_table_html(result, next(iter(result["variants"])))
+                    if p.stage == "done":
+                        break
+                    yield (accept_viz.render_summary_html(result, _progress_text(p)), *figs, table, skip, skip)
+                    continue
+                now = time.perf_counter()
+                if now - last >= UPDATE_EVERY_S:
+                    last = now
+                    yield accept_viz.render_summary_html(result, _progress_text(p)), *([skip] * 5), skip, skip
+        except GeneratorExit:  # the visitor left: no forward starts for nobody
+            control.cancel()
+            raise
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+        except Exception as e:  # the app keeps serving
+            raise gr.Error(f"The acceptance lab failed: {type(e).__name__}: {e}") from None
+        if result is None:
+            yield accept_viz.render_summary_html(None, "stopped before the drafts were measured"), *([skip] * 7)
+            return
+        js, cs = session.write(result)  # stopped while decoding: the drafts are whole, the measured taus partial
+        note = "stopped while decoding: the measured τ values are those finished" if control.cancelled else "done"
+        yield (accept_viz.render_summary_html(result, note), *figs, table,
+               gr.update(value=js, interactive=True), gr.update(value=cs, interactive=True))
+
+    return run
+
+
+def build_accept_tab(get_lm: Callable[[], object], pass_slot=None, main_session=None,
+                     concurrency_limit: int | str | None = "default") -> SimpleNamespace:
+    """The Acceptance tab's components and events; call inside `with gr.Tab("Acceptance"):`. `main_session`: the
+    app's per-visitor Session state (its last Generate's answers are reused). Returns the components."""
+    c = SimpleNamespace()
+    session = gr.State(AcceptSession(), delete_callback=AcceptSession.close)
+    gr.Markdown(INTRO)
+    with gr.Row():
+        with gr.Column(scale=3):
+            c.set = gr.Dropdown([OWN] + list(SETS), value=OWN, label="built-in set (training-side prompts, by kind)",
+                                elem_id="accept-set")
+            c.prompts = gr.Textbox("\n".join(SETS["facts"][:4]), label=f"Prompts, one per line (1 to {MAX_PROMPTS})",
+                                   lines=6, elem_id="accept-prompts")
+        with gr.Column(scale=2):
+            c.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, label="τ (tables and token classes)", elem_id="accept-tau")
+            c.block = gr.Slider(2, 16, value=4, step=1, label="block size B", elem_id="accept-block-size")
+            c.max_new = gr.Slider(8, 256, value=128, step=8, label="max new tokens", elem_id="accept-max-new-tokens")
+            c.taus = gr.Textbox("0.9, 0.7, 0.5", label="τ values decoded to measure tokens/pass (empty: predicted only)",
+                                elem_id="accept-taus")
+            c.compare = gr.Checkbox(True, label="compare with the bare model (adapter off)", elem_id="accept-compare")
+    with gr.Row():
+        c.run = gr.Button("Analyse", variant="primary", elem_id="accept-run")
+        c.stop = gr.Button("Stop", variant="stop", elem_id="accept-stop")
+    c.progress = gr.HTML(elem_id="accept-progress")
+    with gr.Row():
+        c.depth = gr.Plot(accept_viz.make_depth_figure(None), show_label=False, elem_id="accept-depth")
+        c.tpp = gr.Plot(accept_viz.make_tokens_per_pass_figure(None), show_label=False, elem_id="accept-tpp")
+    c.reliability = gr.Plot(accept_viz.make_reliability_figure(None), show_label=False, elem_id="accept-reliability")
+    c.classes = gr.Plot(accept_viz.make_classes_figure(None), show_label=False, elem_id="accept-classes")
+    c.table = gr.HTML(accept_viz.render_table_html(None), elem_id="accept-table")
+    with gr.Row():
+        c.download = gr.DownloadButton("Download the data (JSON)", interactive=False, elem_id="accept-download", size="sm")
+        c.download_csv = gr.DownloadButton("Download the data (CSV)", interactive=False, elem_id="accept-download-csv",
+                                           size="sm")
+    c.session = session
+    c.runner = make_accept_runner(get_lm, pass_slot)
+    inputs = [c.prompts, c.tau, c.block, c.max_new, c.taus, c.compare, session]
+    if main_session is not None:
+        inputs.append(main_session)
+    outputs = [c.progress, c.reliability, c.depth, c.tpp, c.classes, c.table, c.download, c.download_csv]
+    c.event = c.run.click(c.runner, inputs, outputs, concurrency_id="model", concurrency_limit=concurrency_limit,
+                          api_visibility="private", show_progress="hidden", trigger_mode="once")
+    c.stop.click(lambda s: s.stop(), [session], None, queue=False, api_visibility="private")
+    c.set.change(lambda name, text: "\n".join(SETS[name]) if name in SETS else text, [c.set, c.prompts], [c.prompts],
+                 queue=False, api_visibility="private")
+    return c
