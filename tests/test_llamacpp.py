@@ -121,3 +121,22 @@ def test_bench_runs_llamacpp_beside_core_ar(peer_and_lm):
     assert peer_run.prompts == 2 and 0 < peer_run.new_tokens <= 16 and peer_run.tokens_per_s > 0
     assert status["llamacpp"]["template_same_ids"] == 2 and not status["skipped"]
     assert len(peer_lines(runs, "fast")) == 1
+
+
+def test_a_peer_that_cannot_open_its_file_costs_its_own_row_only(tiny_lm, monkeypatch, capsys):
+    """The package there and the model the default (stand-ins here), but the GGUF will not open: the bench says so
+    once, as a failed method, and AR runs on."""
+    from mars.evaluation import llamacpp
+
+    monkeypatch.setattr(llamacpp, "skip_reason", lambda lm: None)
+
+    class Broken:
+        def __init__(self, *a, **k):
+            raise ValueError("Failed to load model from file")
+
+    monkeypatch.setattr(llamacpp, "LlamaCppPeer", Broken)
+    status = {}
+    runs = run_bench(tiny_lm, BenchConfig(PROMPTS[:1], methods=("ar", "llamacpp"), max_new_tokens=4), status=status)
+    assert [r.method for r in runs] == ["ar"]
+    assert "Failed to load model" in status["failed"]["llamacpp"]
+    assert "error: method llamacpp failed" in capsys.readouterr().err

@@ -250,8 +250,14 @@ def _open_peer(lm, cfg: BenchConfig, ids: list[list[int]], status: dict | None):
             status.setdefault("skipped", {})[METHOD] = why
         return None
     n_ctx = max(len(i) for i in ids) + cfg.max_new_tokens + 8
-    peer = LlamaCppPeer(torch.get_num_threads(), n_ctx, lm.eos_token_ids)
-    same = sum(peer.template_ids(p) == i for p, i in zip(cfg.prompts, ids))
+    try:
+        peer = LlamaCppPeer(torch.get_num_threads(), n_ctx, lm.eos_token_ids)
+        same = sum(peer.template_ids(p) == i for p, i in zip(cfg.prompts, ids))
+    except Exception as e:  # noqa: BLE001 - a peer that cannot open its file costs its own row only
+        failed = status.setdefault("failed", {}) if status is not None else {}
+        failed[METHOD] = f"{type(e).__name__}: {e}"
+        print(f"error: method {METHOD} failed and was dropped from this run: {failed[METHOD]}", file=sys.stderr)
+        return None
     if status is not None:
         status["llamacpp"] = {"gguf": peer.path.name, "threads": peer.threads, "template_same_ids": same,
                               "prompts": len(ids)}

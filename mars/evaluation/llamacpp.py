@@ -30,6 +30,8 @@ def skip_reason(lm) -> str | None:
         import llama_cpp  # noqa: F401
     except ImportError:
         return MISSING
+    except OSError as e:  # installed, but its compiled library does not load on this machine
+        return f"llamacpp: skipped: llama-cpp-python is installed but does not load here ({e})"
     if lm.name != DEFAULT_MODEL:
         return (f"llamacpp: skipped: it runs the default model's GGUF only, and this run's model is "
                 f"{lm.name!r}")
