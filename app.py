@@ -184,9 +184,9 @@ class MarsApp:
     def rehearse(self, lm):
         """The first visitor's Generate, run once at start-up before the page says ready (ModelHolder.rehearsal):
         the first example at the page's own defaults (mode, tau, B, max new tokens, tree, the AR race), through
-        this very handler, so what a first run pays once (oneDNN's int8 kernels for a prompt's many rows, the
-        tree's and the race's first shapes, the chat template's compilation, the page's HTML and charts, the
-        run files) is paid here. Before `build` there are no defaults to rehearse: nothing runs."""
+        this very handler, so what a first run pays once (a long prompt's pass, the tree's and the race's first
+        shapes, the chat template's compilation, the page's HTML and charts, the run files) is paid here. Before
+        `build` there are no defaults to rehearse: nothing runs."""
         ui = self.ui
         if not hasattr(ui, "max_new"):
             return
