@@ -90,7 +90,7 @@ class MarsApp:
     """The handlers, bound to one shared model holder; `build()` wires them to components (`self.ui`)."""
 
     def __init__(self, lm_provider=None, policy: Policy | None = None):
-        self.holder = ModelHolder(lm_provider)
+        self.holder = ModelHolder(lm_provider, rehearsal=self.rehearse)
         self.policy = policy or Policy.from_env()  # who may switch the model, what may load (mars.app.policy)
         self.demo = None  # the Blocks, once built: its real bind address, once launched, decides `live_policy`
         self.chart_every_s = chart_every_s()  # charts redrawn at most this often while a run streams
@@ -181,6 +181,25 @@ class MarsApp:
         d["model"], d["adapter"] = public_name(d["model"]), public_name(d["adapter"])
         d["warnings"] = [viz.hide_paths(w) for w in d["warnings"]]
         return d
+
+    def rehearse(self, lm):
+        """The first visitor's Generate, run once at start-up before the page says ready (ModelHolder.rehearsal):
+        the first example at the page's own defaults (mode, tau, B, max new tokens, tree, the AR race), through
+        this very handler, so what a first run pays once (a long prompt's pass, the tree's and the race's first
+        shapes, the chat template's compilation, the page's HTML and charts, the run files) is paid here. Before
+        `build` there are no defaults to rehearse: nothing runs."""
+        ui = self.ui
+        if not hasattr(ui, "max_new"):
+            return
+        session = Session()
+        try:
+            mode = ui.mode.value
+            for _ in self.generate(EXAMPLES[0]["prompt"], ui.tau.value, mode_block(_page_mode(mode), lm),
+                                   ui.max_new.value, ui.confidence.value, ui.compare.value, mode, session,
+                                   ui.tree_nodes.value):
+                pass
+        finally:
+            session.close()  # its run files
 
     # ----------------------------------------------------------------------------------------- handlers
     def model_info(self, mode=DEFAULT_MODE_LABEL):

@@ -1,8 +1,9 @@
 """The app's warm-up measurement of pass costs (mars.decoding.costs.measure_pass_costs), repeated: how much does what a
 wider pass costs move on this machine from one measurement to the next?
 
-The app measures once, at warm-up (~0.8 s), and every tree's cut then follows that one table for the process's
-life (DecodeConfig.pass_costs). Loads the model as the app does (MARS_MODEL / MARS_ADAPTER, MARS_BACKEND), runs
+The app measures at warm-up (~0.8 s), and again when the passes its visitors run drift from the table or it
+ages (mars.app.cost_keeper, mars.decoding.costs.DriftRule); every tree's cut follows the current table
+(DecodeConfig.pass_costs). Loads the model as the app does (MARS_MODEL / MARS_ADAPTER, MARS_BACKEND), runs
 the measurement on the app's model thread `--repeat` times, `--every` seconds apart, and prints each table's
 slope (what one more input adds, relative to a pass of one), a pass of 4 and 8 inputs, and the mask group's
 cost; then the spread of the slopes.

@@ -338,7 +338,8 @@ def cmd_bench(args) -> int:
     from tqdm.auto import tqdm
 
     from mars.evaluation.bench import (BenchConfig, by_kind, compare_rows, format_by_kind, format_compare, format_table,
-                                       narrow_pass_warnings, read_prompts, run_bench, spread_indices, to_json)
+                                       narrow_pass_warnings, peer_lines, read_prompts, run_bench, spread_indices,
+                                       to_json)
     from mars.models.loading import load
 
     _prepare_out(args.out)
@@ -358,6 +359,8 @@ def cmd_bench(args) -> int:
     runs = run_bench(lm, cfg, progress=lambda *a: bar.update(1), status=status)
     bar.close()
     print(format_table(runs))
+    for line in peer_lines(runs, args.backend):
+        print(line)
     for line in narrow_pass_warnings(runs):
         print(line, file=sys.stderr)
     if status["interrupted"]:
@@ -375,6 +378,8 @@ def cmd_bench(args) -> int:
 
         data = to_json(lm, cfg, runs, kinds)
         data["failed"] = status.get("failed", {})
+        data["skipped"] = status.get("skipped", {})
+        data["llamacpp"] = status.get("llamacpp")
         out = Path(args.out)
         out.write_text(json.dumps(data, indent=2))
         plots = " and its plots"

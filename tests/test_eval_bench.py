@@ -128,7 +128,7 @@ def test_bench_interrupted_keeps_whole_batches(tiny_lm):
 
     status = {}
     runs = run_bench(tiny_lm, cfg, progress=progress, status=status)
-    assert status == {"interrupted": True, "finished": {1: 1}, "total": 3, "failed": {}}
+    assert status == {"interrupted": True, "finished": {1: 1}, "total": 3, "failed": {}, "skipped": {}}
     assert [(r.method, r.batch_size, r.prompts) for r in runs] == [("ar", 1, 1), ("mars", 1, 1)]
     assert all(r.interrupted and len(r.row_passes) == 1 for r in runs)
     with pytest.raises(KeyboardInterrupt):  # nothing finished: nothing to report

@@ -25,6 +25,7 @@ import torch
 from mars import settings
 from mars.app.inputs import app_backend, app_datastore, app_pass_costs, sanitize_text
 from mars.app import model_thread
+from mars.app.cost_keeper import CostKeeper
 from mars.runtime.backends import resolve_backend
 from mars.decoding.decoder import DecodeConfig, DecodeControl, stream
 from mars.decoding.records import PassRecord
@@ -81,9 +82,15 @@ class PassSlot:
 class ModelHolder:
     """One model for every visitor: loaded once (at start-up with `start()`, else on first use); replaced
     only by an explicit load. A failed load is remembered, so every visitor gets its message at once
-    instead of retrying a slow load; `replace` (the Model tab) clears it."""
+    instead of retrying a slow load; `replace` (the Model tab) clears it.
 
-    def __init__(self, provider: Callable[[], object] | None = None, threads: int | None = None):
+    At start-up, after the load and `warm_up`, the app's `rehearsal` (its first visitor's Generate, run once)
+    and only then is the model ready: the page says so, and visitors' calls to `get` wait for it (issue 41: the
+    first visitor after a start waited 1.5 s for a first group that later visitors had in 0.25 s). `costs` keeps
+    the pass-cost table true from then on (mars.app.cost_keeper)."""
+
+    def __init__(self, provider: Callable[[], object] | None = None, threads: int | None = None,
+                 rehearsal: Callable[[object], None] | None = None):
         self._provider = provider or default_provider()
         self._lm = None
         self._error: str | None = None
@@ -93,29 +100,66 @@ class ModelHolder:
         self.pass_slot = PassSlot(self)  # every forward pass runs through it: `holder.pass_slot.run(fn, ...)`
         # what runs the model for every visitor's run (decode_steps' `backend`); None: the backend cfg names
         self.backend = None
+        self.rehearsal = rehearsal  # lm -> None: the app's first Generate, run once by `start` before ready
+        self._warm = threading.Event()  # set once the start-up rehearsal is over (or there is none)
+        self._warm.set()
+        # what start-up spent, as data: {"load_s", "warm_up_s", "rehearsal_s"}, and the rehearsal's error if any
+        self.start_up: dict = {}
+        self.costs = CostKeeper(self.pass_slot)
 
     def start(self) -> None:
-        """Load and warm up in a background thread now, so the first visitor does not wait for it."""
+        """Load, warm up and rehearse in a background thread now, so the first visitor does not wait for it."""
         if self._loader is None and self._lm is None:
-            self._loader = threading.Thread(target=self._load_quietly, name="mars-model-loader", daemon=True)
+            if self.rehearsal is not None:
+                self._warm.clear()
+            self._loader = threading.Thread(target=self._start_up, name="mars-model-loader", daemon=True)
             self._loader.start()
 
-    def _load_quietly(self):
+    def _start_up(self):
         try:
-            self.get()
-        except Exception:  # noqa: BLE001 - remembered in self._error; visitors see it
-            pass
+            try:
+                lm = self.get()
+            except Exception:  # noqa: BLE001 - remembered in self._error; visitors see it
+                return
+            if self.rehearsal is not None:
+                self.rehearse(lm)
+        finally:
+            self._warm.set()
+        self.costs.start(lambda: self._lm)
+
+    def rehearse(self, lm) -> bool:
+        """The app's rehearsal on `lm`, timed into `start_up`. A failure is logged and put on the model's warnings
+        (the model panel shows them); the app serves on, only its first visitor may wait longer."""
+        t0 = time.perf_counter()
+        try:
+            self.rehearsal(lm)
+            ok = True
+        except Exception as e:  # noqa: BLE001 - a warm-up: never what keeps the app from serving
+            LOG.exception("the start-up rehearsal failed")
+            self.start_up["rehearsal_error"] = f"{type(e).__name__}: {e}"
+            lm.warnings.append(f"the start-up warm-up run failed ({type(e).__name__}: {e}): the first visitor's "
+                               "run may wait for one-off costs")
+            ok = False
+        self.start_up["rehearsal_s"] = time.perf_counter() - t0
+        return ok
 
     def get(self):
-        """The model, loading it first if need be (waits for a load already running)."""
+        """The model, loading it first if need be (waits for a load already running, and for the start-up
+        rehearsal unless called from it)."""
         from mars.models.loading import LoadError
 
+        if not self._warm.is_set() and threading.current_thread() is not self._loader:
+            self._warm.wait()
         if self._lm is None:
             with self._load_lock:
                 if self._lm is None:
                     if self._error is None:
                         try:
-                            self._lm = self.warm_up(model_thread.in_own_thread(self._provider))
+                            t0 = time.perf_counter()
+                            lm = model_thread.in_own_thread(self._provider)
+                            t1 = time.perf_counter()
+                            self._lm = self.warm_up(lm)
+                            self.start_up.update(load_s=t1 - t0, warm_up_s=time.perf_counter() - t1)
                         except LoadError as e:
                             self._error = str(e)
                         except Exception as e:  # whatever a provider raises, the app stays up and says it
@@ -133,7 +177,7 @@ class ModelHolder:
     def state(self) -> str:
         """'ready', 'failed', 'loading' (the start-up load is running) or 'idle' (no load asked for yet)."""
         if self._lm is not None:
-            return "ready"
+            return "ready" if self._warm.is_set() else "loading"
         if self._error is not None:
             return "failed"
         return "loading" if self._loader is not None and self._loader.is_alive() else "idle"
@@ -155,13 +199,15 @@ class ModelHolder:
                 pass
         app_datastore(lm)  # builds the datastore's table (~4 s) before the first tree needs it
         backend = resolve_backend(lm.model, app_backend())
-        self.pass_slot.run(app_pass_costs, lm, backend)  # what a wider pass costs here: trees follow it
+        if self.pass_slot.run(app_pass_costs, lm, backend) is not None:  # what a wider pass costs here: trees follow it
+            self.costs.measured(backend)  # its age, and the passes checked against it, start now
         return lm
 
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:
         """`decoding.stream`, one forward pass at a time on the model thread (`pass_slot`), on `self.threads`
         threads."""
         for rec, _ in one_at_a_time(stream(lm, prompt_ids, cfg, control, backend=self.backend), self.pass_slot):
+            self.costs.observe(cfg.backend, rec)  # what passes really cost: the table is measured again on drift
             yield rec
 
 

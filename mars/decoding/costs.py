@@ -114,3 +114,66 @@ def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128,
     base = plain[1] if plain[1] > 0 else 1.0
     group = max(0.0, statistics.median(extra) / base) if extra else 0.0
     return PassCosts(by_width, group)
+
+
+# ----------------------------------------------------------------------------- when the table is measured again
+@dataclass(frozen=True)
+class DriftRule:
+    """When a pass-cost table is measured again: its predictions checked against the passes visitors' runs
+    really took, and its age. A table measured at start-up describes that minute's machine: a neighbour's load
+    that comes or goes, a thermal or frequency change, another oneDNN route after an update, and the tree's cut
+    follows a wrong table for the process's life (benchmarks/cost_drift.py prints how the slope moves)."""
+
+    tolerance: float = 0.25  # re-measure when a width's measured cost ratio is this far off the table's (relative)
+    min_passes: int = 16  # ... judged on widths with at least this many recent passes, 1-input passes included
+    window: int = 400  # the recent passes kept (the race's AR passes give the 1-input base)
+    min_interval_s: float = 120.0  # never two measurements closer than this (each is ~0.8 s of the model thread)
+    max_age_s: float = 1800.0  # re-measure a table this old even when nothing drifted
+    idle_s: float = 2.0  # and only once no pass has run for this long: a visitor never waits behind it
+
+    def __post_init__(self):
+        if not (self.tolerance > 0 and self.min_passes >= 1 and self.window >= self.min_passes
+                and self.min_interval_s >= 0 and self.max_age_s > 0 and self.idle_s >= 0):
+            raise ValueError(f"bad drift rule {self}: tolerance > 0, 1 <= min_passes <= window, times >= 0")
+
+
+def observed_ratios(passes, max_width: int, min_passes: int) -> dict[tuple[int, bool], float]:
+    """(width, with masks) -> the median seconds of such passes over the median of plain 1-input passes, from
+    `passes`: (input width, mask inputs, seconds) of a run's passes; only widths the table covers and shapes
+    with at least `min_passes` passes. Empty without enough 1-input passes to divide by."""
+    by_shape: dict[tuple[int, bool], list[float]] = {}
+    for width, masks, seconds in passes:
+        if 1 <= width <= max_width:  # a prompt's pass (its whole length) is no decoding step
+            by_shape.setdefault((width, masks > 0), []).append(seconds)
+    base = by_shape.get((1, False), [])
+    if len(base) < min_passes or statistics.median(base) <= 0:
+        return {}
+    b = statistics.median(base)
+    return {shape: statistics.median(s) / b for shape, s in by_shape.items()
+            if shape != (1, False) and len(s) >= min_passes}
+
+
+def cost_drift(table: PassCosts, passes, min_passes: int = DriftRule.min_passes) -> float | None:
+    """How far the table is off the passes really run: the largest |measured / predicted - 1| over the shapes
+    with enough passes (predicted: by_width[w - 1], plus `group` where the pass had masks); None when the passes
+    say nothing yet (no 1-input base, or no wider shape with enough passes)."""
+    ratios = observed_ratios(passes, len(table.by_width), min_passes)
+    if not ratios:
+        return None
+    return max(abs(r / (table.by_width[w - 1] + (table.group if masked else 0.0)) - 1)
+               for (w, masked), r in ratios.items())
+
+
+def remeasure_reason(table: PassCosts | None, passes, measured_at: float, last_pass_at: float, now: float,
+                     rule: DriftRule = DriftRule()) -> str | None:
+    """Why the table should be measured again now, or None: never within `min_interval_s` of the last
+    measurement, nor within `idle_s` of the last pass; then when it is older than `max_age_s`, or the passes
+    run since it was measured drifted past `tolerance`."""
+    if table is None or now - measured_at < rule.min_interval_s or now - last_pass_at < rule.idle_s:
+        return None
+    if now - measured_at >= rule.max_age_s:
+        return f"the table is {now - measured_at:.0f} s old"
+    drift = cost_drift(table, passes, rule.min_passes)
+    if drift is not None and drift > rule.tolerance:
+        return f"the passes run differ from the table by {100 * drift:.0f}% (more than {100 * rule.tolerance:.0f}%)"
+    return None

@@ -19,6 +19,9 @@ Methods, all on the same prompts and model:
          verified_tree_store: verified_tree_last with the datastore's chains (mars.decoding.datastore; the default
          model's token ids)
   jacobi Jacobi fixed-point decoding of the same checkpoint on the same core
+  llamacpp llama.cpp (llama-cpp-python, an optional install: docs/peers.md) on the default model's own GGUF, the
+         same threads, greedy, the same prompt ids and max new tokens (mars.evaluation.llamacpp); batch 1 only, and
+         skipped with one line where the package is absent or the model is not the default
 `also_backends` runs the core's methods again on other backends (`ar@fast-int8`, ...), interleaved, all
 against the one AR baseline on `backend`: their speed and their text's agreement with it in one table.
 Every method runs once untimed on the first prompt (warm-up), then timed. Results are data
@@ -37,7 +40,7 @@ from mars.decoding.decoder import DEFAULT_CACHE_BLOCK, DEFAULT_REPEAT_TAU
 from mars.decoding.records import RunTotals
 
 METHODS = ("hf", "ar", "mars", "lookup", "verified", "verified_last", "verified_lookup", "verified_both",
-           "verified_tree", "verified_tree_last", "verified_tree_store", "verified_tree_mars", "jacobi")
+           "verified_tree", "verified_tree_last", "verified_tree_store", "verified_tree_mars", "jacobi", "llamacpp")
 # the core's verified variants: method -> (verify_groups, drafts)
 VERIFIED = {"verified": ("all", "mars"), "verified_last": ("last", "mars"), "verified_lookup": ("last", "lookup"),
             "verified_both": ("last", "both"), "verified_tree": ("all", "both"), "verified_tree_last": ("last", "both"),
@@ -212,7 +215,7 @@ def _plan(cfg: BenchConfig):
             plan.append((m, cfg.verify_tau))
         elif m != "ar":
             plan.append((m, None))
-    core = [(m, t) for m, t in plan if m not in ("hf", "lookup")]
+    core = [(m, t) for m, t in plan if m not in ("hf", "lookup", "llamacpp")]
     plan += [(f"{m}@{b}", t) for b in cfg.also_backends for m, t in core]
     return plan
 
@@ -230,6 +233,40 @@ def _drop(plan: list, key: tuple, err: Exception, status: dict | None, failed: d
     print(f"error: method {name} failed and was dropped from this run: {failed[name]}", file=sys.stderr)
     traceback.print_exception(err, file=sys.stderr)
     plan.remove(key)
+
+
+def _open_peer(lm, cfg: BenchConfig, ids: list[list[int]], status: dict | None):
+    """The llamacpp method's LlamaCppPeer on this process's torch thread count (the core's), or None with its one
+    skip line on stderr (and in `status["skipped"]`). Also checks, prompt by prompt, that llama-cpp-python's own
+    chat template gives the bench's prompt ids (`status["llamacpp"]`)."""
+    import sys
+
+    import torch
+
+    from mars.evaluation.llamacpp import METHOD, LlamaCppPeer, skip_reason
+
+    why = skip_reason(lm)
+    if why is not None:
+        print(why, file=sys.stderr)
+        if status is not None:
+            status.setdefault("skipped", {})[METHOD] = why
+        return None
+    n_ctx = max(len(i) for i in ids) + cfg.max_new_tokens + 8
+    try:
+        peer = LlamaCppPeer(torch.get_num_threads(), n_ctx, lm.eos_token_ids)
+        same = sum(peer.template_ids(p) == i for p, i in zip(cfg.prompts, ids))
+    except Exception as e:  # noqa: BLE001 - a peer that cannot open its file costs its own row only
+        failed = status.setdefault("failed", {}) if status is not None else {}
+        failed[METHOD] = f"{type(e).__name__}: {e}"
+        print(f"error: method {METHOD} failed and was dropped from this run: {failed[METHOD]}", file=sys.stderr)
+        return None
+    if status is not None:
+        status["llamacpp"] = {"gguf": peer.path.name, "threads": peer.threads, "template_same_ids": same,
+                              "prompts": len(ids)}
+    if same < len(ids):
+        print(f"warning: llamacpp: its own chat template gives other ids than ours on {len(ids) - same} of "
+              f"{len(ids)} prompts; it is fed ours", file=sys.stderr)
+    return peer
 
 
 def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None, runner=None) -> list[Run]:
@@ -253,12 +290,17 @@ def run_bench(lm, cfg: BenchConfig, progress=None, status: dict | None = None, r
     runs: list[Run] = []
     failed: dict[str, str] = {}
     if status is not None:
-        status.update(interrupted=False, finished={}, total=len(ids), failed=failed)
+        status.update(interrupted=False, finished={}, total=len(ids), failed=failed, skipped={})
+    peer = _open_peer(lm, cfg, ids, status) if "llamacpp" in cfg.methods else None
     for bs in cfg.batch_sizes:
         batches = [ids[i:i + bs] for i in range(0, len(ids), bs)]
-        plan = [(m, t) for m, t in _plan(cfg) if not (m == "lookup" and bs > 1)]  # assisted decoding: batch 1 only
+        # assisted decoding and llama-cpp-python's one sequence: batch 1 only
+        plan = [(m, t) for m, t in _plan(cfg) if not (m in ("lookup", "llamacpp") and bs > 1)
+                and not (m == "llamacpp" and peer is None)]
 
         def call(method, tau, batch):
+            if method == "llamacpp":
+                return peer.run(batch, cfg.max_new_tokens)
             if method in ("hf", "lookup"):
                 return _hf_generate(lm, batch, cfg.max_new_tokens, cfg.lookup_tokens if method == "lookup" else 0)
             return _run_on_the_core(lm, batch, method, tau, block, cfg.cache_block, cfg.max_new_tokens, cfg.backend,
@@ -342,6 +384,20 @@ def format_table(runs: list[Run]) -> str:
             f"{f(r.input_per_pass, '%.1f'):>8}"
         )
     return "\n".join(lines)
+
+
+def peer_lines(runs: list[Run], backend: str = "auto") -> list[str]:
+    """For each batch size where llamacpp ran: its tokens/s beside every core AR run's (ar on `backend`, the
+    bench's, and ar@<other backend>), and the ratio of AR's to llama.cpp's (issue 41's goal: int8 core AR at least
+    1.4x)."""
+    lines = []
+    for peer in (r for r in runs if r.method == "llamacpp"):
+        for ar in (r for r in runs if r.method.partition("@")[0] == "ar" and r.batch_size == peer.batch_size):
+            on = ar.method.partition("@")[2] or backend
+            lines.append(f"llamacpp {peer.tokens_per_s:.1f} tokens/s, core AR on {on} {ar.tokens_per_s:.1f} "
+                         f"tokens/s at batch {ar.batch_size}: core AR {ar.tokens_per_s / peer.tokens_per_s:.2f}x "
+                         f"llama.cpp's tokens/s")
+    return lines
 
 
 def ms_per_pass(run: Run) -> float:
