@@ -284,6 +284,19 @@ def dockerignore():
     return ignored
 
 
+# Modules imported only where a user installed them by hand (each skipped with one line where absent), and
+# the doc that says how: never in requirements*.txt (llama-cpp-python builds llama.cpp from source: CI would
+# spend minutes compiling a peer it does not test).
+OPTIONAL = {"llama_cpp": ("docs/peers.md", "llama-cpp-python")}
+
+
+def test_optional_imports_are_documented_and_kept_out_of_requirements():
+    reqs = (ROOT / "requirements.txt").read_text() + (ROOT / "requirements-dev.txt").read_text()
+    for module, (doc, dist) in OPTIONAL.items():
+        assert dist in (ROOT / doc).read_text(), f"{doc} does not say how to install {dist}"
+        assert dist not in reqs, f"{dist} is optional: keep it out of requirements"
+
+
 def test_what_the_app_and_library_import_is_installed_by_requirements_txt():
     """Every third-party module app.py and mars/ import (and `gguf`, which transformers imports to read the
     default model's GGUF) belongs to a distribution that requirements.txt names or pulls in (its dependency
@@ -301,6 +314,7 @@ def test_what_the_app_and_library_import_is_installed_by_requirements_txt():
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 modules.add(node.module.split(".")[0])
     modules -= set(sys.stdlib_module_names) | {"mars", "app", "__future__"}
+    modules -= set(OPTIONAL)  # optional peers, installed by hand (their doc is checked below)
     owners = metadata.packages_distributions()
     needed = {requirement_name(owners[m][0]) if m in owners else m for m in modules}
 
