@@ -14,23 +14,10 @@ import torch
 from mars.decoding.decoder import DecodeConfig, DecodeControl, encode_prompt, generate_ids
 from mars.evaluation import acceptance_lab as lab
 from mars.models.loading import load
-from mars.training.train import LORA_TARGETS
+from tiny import random_lora
 
 PROMPTS = ["what is the capital of france ?", "add 2 + 3 = ?", "tell me a word about the water",
            "the old man and the sea"]
-
-
-def random_lora(model, r=4, scale=0.3, seed=0):
-    """A peft LoRA with large random weights (a fresh one is zero and would change nothing)."""
-    from peft import LoraConfig, get_peft_model
-
-    m = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for n, p in m.named_parameters():
-            if "lora_" in n:
-                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
-    return m
 
 
 @pytest.fixture(scope="module")

@@ -106,3 +106,18 @@ def save_tiny(folder: Path, arch: str = "llama", seed: int = 0, a2d: bool = Fals
         cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_a2d.A2DQwen2LMHeadModel"}
         cfg_path.write_text(json.dumps(cfg, indent=2))
     return folder
+
+
+def random_lora(model, r=4, scale=0.3, seed=0):
+    """A peft LoRA on `model` with large random weights (a fresh one is zero: it would change nothing)."""
+    from peft import LoraConfig, get_peft_model
+
+    from mars.training.train import LORA_TARGETS
+
+    m = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=list(LORA_TARGETS)))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+    return m
