@@ -171,3 +171,15 @@ def test_accept_lab(tiny_dir, tmp_path):
     assert json.loads(text) == data and data["prompts"] == 16 and data["answer_tokens"] > 0
     packed, alone = data["drafts"]["1024 rows per forward"], data["drafts"]["one answer per forward"]
     assert packed["forwards"] < alone["forwards"] and packed["min_s"] > 0
+
+
+def test_app_defaults(tiny_dir, tmp_path):
+    out = tmp_path / "defaults.json"
+    text = bench("app_defaults", "--model", tiny_dir, "--adapter", "none", "--limit", 2, "--max-new-tokens", 6,
+                 "--threads", 1, "--candidates", "verified:2:4", "mars:3:0.9", "--out", out)
+    rows = {r["candidate"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"ar", "verified:2:4", "mars:3:0.9"}
+    assert rows["ar"]["vs_ar"] == 1.0 and rows["ar"]["equals_ar"] == 2
+    assert rows["verified:2:4"]["equals_ar"] == 2  # lossless: AR's text on both prompts
+    assert rows["mars:3:0.9"]["equals_ar"] is None and all(r["tokens"] > 0 for r in rows.values())
+    assert "verified:2:4" in text
