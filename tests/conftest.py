@@ -166,6 +166,23 @@ def browser():
         b.close()
 
 
+def open_tab(browser, url: str, tab: str, ready: str):
+    """A new 1400x1000 page on the app at `url`, on the tab named `tab`, once the selector `ready` shows (the
+    tab has drawn). The caller closes it."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(url)
+    page.get_by_role("tab", name=tab).click()
+    page.wait_for_selector(ready, timeout=60_000)
+    return page
+
+
+def set_number(page, elem_id: str, value):
+    """Type a value into a Gradio number or slider box and commit it, as a visitor does."""
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
 def save_screenshot(page, name: str, budget: int = 300_000) -> Path:
     """A full-page screenshot into assets/<name>, kept sharp and under `budget` bytes (it is committed)."""
     shot = ROOT / "assets" / name

@@ -10,6 +10,8 @@ import gradio as gr
 import pytest
 
 from mars.app import tabs
+from mars.app.accept_tab import AcceptSession
+from mars.decoding.decoder import DecodeControl
 
 PROMPTS = "what is the capital of france ?\n\ntell me a word\nadd 2 + 3 = ?"
 
@@ -112,3 +114,22 @@ def test_model_panel_names_what_int8_runs_on(ui, monkeypatch, env):
     env.set("MARS_C_KERNELS", "0")
     _, table, *_ = ui.model_info()
     assert "int8 runs on tensor fallback: MARS_C_KERNELS=0" in table
+
+
+@pytest.mark.parametrize("make", [tabs.BatchSession, AcceptSession])
+def test_a_tab_session_stops_its_run_and_keeps_one_folder_until_the_visitor_leaves(make):
+    import os
+
+    session = make()
+    session.stop()  # nothing running: nothing to stop
+    control = session.control = DecodeControl()
+    session.stop()
+    assert control.cancelled
+    first = session.new_folder("mars-test-")
+    (first / "a.json").write_text("{}")
+    second = session.new_folder("mars-test-")  # a new run's files replace the last run's
+    assert not first.exists() and second.is_dir() and session.folder == str(second)
+    session.control = DecodeControl()
+    session.close()  # gradio's delete_callback: the run ends, the files go
+    assert session.control.cancelled and not os.path.exists(second) and session.folder is None
+    session.close()  # twice is harmless

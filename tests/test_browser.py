@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import save_screenshot, serve
+from conftest import save_screenshot, serve, set_number
 from mars.app.serving import free_port
 
 
@@ -69,12 +69,6 @@ def open_app(browser, url):
     page.wait_for_selector("#prompt textarea", timeout=60_000)
     page.wait_for_selector("#model-banner b", timeout=120_000)  # the model panel has filled in
     return page
-
-
-def set_number(page, elem_id: str, value):
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
 
 
 def group_attrs(page, name: str) -> list[str]:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import save_screenshot, serve
+from conftest import open_tab, save_screenshot, serve, set_number
 
 PROMPTS = ["what is the capital of france ?", "add 2 + 3 = ?", '<img src=x onerror="window.__xss=1">']
 
@@ -41,18 +41,9 @@ def server(gated_lm):
 
 @pytest.fixture(scope="module")
 def page(server, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(server[1])
-    page.get_by_role("tab", name="Acceptance").click()
-    page.wait_for_selector("#accept-prompts textarea", timeout=60_000)
+    page = open_tab(browser, server[1], "Acceptance", "#accept-prompts textarea")
     yield page
     page.close()
-
-
-def set_number(page, elem_id: str, value):
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
 
 
 def plot_traces(page, elem_id: str) -> int:
@@ -128,10 +119,7 @@ def test_default_model_acceptance_screenshot(browser):
 
     demo, url = serve(default_provider())
     try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(url)
-        page.get_by_role("tab", name="Acceptance").click()
-        page.wait_for_selector("#accept-prompts textarea", timeout=60_000)
+        page = open_tab(browser, url, "Acceptance", "#accept-prompts textarea")
         page.locator("#accept-set input").click()
         page.get_by_role("option", name="stories").click()
         page.wait_for_function("document.querySelector('#accept-prompts textarea').value.split('\\n').length == 16")

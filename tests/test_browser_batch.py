@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from conftest import save_screenshot, serve
+from conftest import open_tab, save_screenshot, serve, set_number
 
 PROMPTS = ["what is the capital of france ?", "tell me a word", '<img src=x onerror="window.__xss=1">']
 
@@ -24,18 +24,9 @@ def url():
 
 @pytest.fixture(scope="module")
 def page(url, browser):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(url)
-    page.get_by_role("tab", name="Batch").click()
-    page.wait_for_selector("#batch-prompts textarea", timeout=60_000)
+    page = open_tab(browser, url, "Batch", "#batch-prompts textarea")
     yield page
     page.close()
-
-
-def set_number(page, elem_id: str, value):
-    box = page.locator(f"#{elem_id} input[type=number]")
-    box.fill(str(value))
-    box.press("Enter")
 
 
 def test_batch_rows_groups_idle_comparison_and_downloads(page):
@@ -75,10 +66,7 @@ def test_default_model_batch_view_screenshot(browser):
 
     demo, url = serve(default_provider())
     try:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(url)
-        page.get_by_role("tab", name="Batch").click()
-        page.wait_for_selector("#batch-prompts textarea", timeout=60_000)
+        page = open_tab(browser, url, "Batch", "#batch-prompts textarea")
         page.click("#batch-run")
         page.wait_for_selector("#batch-compare [data-complete=true]", timeout=900_000)
         print("\n" + page.locator("#batch-compare-table").inner_text())

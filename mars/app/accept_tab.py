@@ -12,17 +12,14 @@ accept-classes, accept-table, accept-download (JSON), accept-download-csv.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
 import gradio as gr
 
 from mars.app import accept_viz
+from mars.app.session import TabSession
 from mars.decoding.decoder import DecodeControl, check_int
 from mars.evaluation.acceptance_lab import MAX_PROMPTS, LabConfig, run_lab
 from mars.evaluation.prompt_sets import SETS
@@ -75,30 +72,13 @@ def reusable_answers(session, max_new_tokens: int, backend: str) -> dict:
     return out
 
 
-@dataclass
-class AcceptSession:
-    """One visitor's lab state (a gr.State): the run's control and its download files."""
-
-    control: DecodeControl | None = None
-    folder: str | None = None
-
-    def stop(self):
-        if self.control is not None:
-            self.control.cancel()
-
-    def close(self):
-        self.stop()
-        if self.folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        self.folder = None
+class AcceptSession(TabSession):
+    """One visitor's lab state (a gr.State): the run's control and its download files (TabSession)."""
 
     def write(self, result: dict) -> tuple[str, str]:
         from mars.evaluation.acceptance_lab import to_csv
 
-        if self.folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        folder = Path(tempfile.mkdtemp(prefix="mars-accept-"))
-        self.folder = str(folder)
+        folder = self.new_folder("mars-accept-")
         js, cs = folder / "mars-acceptance.json", folder / "mars-acceptance.csv"
         js.write_text(json.dumps(result, indent=1), encoding="utf-8")
         cs.write_text(to_csv(result), encoding="utf-8")

@@ -1,9 +1,12 @@
-"""A visitor's session (their live tau, their run's control, their last runs) and how a run streams to it."""
+"""A visitor's session (their live tau, their run's control, their last runs) and how a run streams to it; and
+`TabSession`, the state of a tab that runs one job at a time and offers its files (the Batch and Acceptance tabs)."""
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 from mars.decoding.decoder import DecodeConfig, DecodeControl, check_tau
@@ -85,3 +88,31 @@ class Session:
         if folder:
             shutil.rmtree(folder, ignore_errors=True)
         self.files = {}
+
+
+@dataclass
+class TabSession:
+    """One visitor's state in a tab that runs one job at a time and offers its files for download (a gr.State,
+    with `close` as its delete_callback): the running job's control and the folder of its files."""
+
+    control: DecodeControl | None = None
+    folder: str | None = None
+
+    def stop(self) -> None:
+        if self.control is not None:
+            self.control.cancel()
+
+    def close(self) -> None:
+        """Gradio's delete_callback, once the visitor has gone: end any job, delete its files."""
+        self.stop()
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = None
+
+    def new_folder(self, prefix: str) -> Path:
+        """A fresh folder for the job's files; the previous job's is deleted (a visitor keeps one set)."""
+        if self.folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        folder = Path(tempfile.mkdtemp(prefix=prefix))
+        self.folder = str(folder)
+        return folder

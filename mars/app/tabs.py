@@ -13,11 +13,8 @@ They take callables instead of reaching into the app: `get_lm()` returns the sha
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Callable
 
@@ -26,6 +23,7 @@ import gradio as gr
 from mars.app import batch_viz, viz
 from mars.app.batch import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
 from mars.app.model_thread import in_own_thread
+from mars.app.session import TabSession
 from mars.decoding.decoder import DecodeControl
 from mars.models.hub import DEFAULT_CHOICE, PAPER_CHECKPOINTS, SOURCE, load_checkpoint, model_choices
 
@@ -42,30 +40,16 @@ EMPTY = "One row per prompt appears here; each coloured span is one pass of the 
 
 
 @dataclass
-class BatchSession:
-    """One visitor's batch state (a gr.State): the running batch's control and its download files."""
+class BatchSession(TabSession):
+    """One visitor's batch state (a gr.State): the running batch's control and its download files (TabSession),
+    and the last batch and comparison."""
 
-    control: DecodeControl | None = None
-    folder: str | None = None
     last: dict = field(default_factory=dict)
-
-    def stop(self):
-        if self.control is not None:
-            self.control.cancel()
-
-    def close(self):
-        self.stop()
-        if self.folder:
-            shutil.rmtree(self.folder, ignore_errors=True)
-        self.folder = None
 
 
 def write_batch_files(session: BatchSession, state, comp, model: dict) -> tuple[str, str]:
     """The batch as a coloured HTML page and a JSON trace, in a fresh folder (the previous one is deleted)."""
-    if session.folder:
-        shutil.rmtree(session.folder, ignore_errors=True)
-    folder = Path(tempfile.mkdtemp(prefix="mars-batch-"))
-    session.folder = str(folder)
+    folder = session.new_folder("mars-batch-")
     html_path, json_path = folder / "mars-batch.html", folder / "mars-batch.json"
     name = model.get("model", "model")
     html_path.write_text(batch_viz.standalone_batch_html(state, comp, f"MARS batch of {len(state.rows)} ({name})",

@@ -54,6 +54,7 @@ from mars.decoding.cache import BlockCache
 from mars.decoding.masks import tree_depths, window_mask
 from mars.decoding.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
 from mars.decoding.records import PassRecord, RunRecord
+from mars.decoding.rows import RowText, take
 
 # The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
 # says so with its own named cap and these same checkers, not a second set of rules.
@@ -262,26 +263,18 @@ def encode_prompt(tokenizer, prompt: str, system: str | None = None) -> list[int
     return tokenizer(prompt)["input_ids"]  # base models without a template: the raw prompt
 
 
-class _Row:
-    """Book-keeping of one row: its tokens, frontier and text."""
+class _Row(RowText):
+    """Book-keeping of one row: its tokens and text (RowText), its left padding, frontier and drafts."""
 
     def __init__(self, index: int, prompt: list[int], pad: int):
-        self.index = index
-        self.tokens = list(prompt)
-        self.n_prompt = len(prompt)
+        super().__init__(index, prompt)
         self.pad = pad
-        self.text = ""
-        self.finish_reason: str | None = None
         self.drafts: list[int] = []  # verified / jacobi: tokens proposed for the columns after the frontier
         self.draft_conf: list[float] = []
 
     @property
     def frontier(self) -> int:
         return self.pad + len(self.tokens)
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.n_prompt:]
 
 
 def make_runner(model, cfg: DecodeConfig, batch: int, capacity: int):
@@ -313,7 +306,7 @@ def decode_steps(
             raise ValueError("backend 'static-device' runs its own modes (mars.decoding.device_step): pass no mode")
         from mars.decoding.device_loop import decode_steps_device
 
-        yield from decode_steps_device(lm, prompts, cfg, control or DecodeControl(), backend, _apply_stop_strings)
+        yield from decode_steps_device(lm, prompts, cfg, control or DecodeControl(), backend)
         return
     tok = lm.tokenizer
     eos = set(lm.eos_token_ids)
@@ -378,13 +371,8 @@ def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos:
     the tokens into the row; return the pass's record."""
     props = res.tokens
     n, reason = _apply_limits(props, len(props), len(row.generated), cfg.max_new_tokens, eos)
-    n, reason = _apply_stop_strings(tok, row, props, n, cfg.stop_strings, reason)
+    n, reason, piece = take(tok, row, props, n, cfg.stop_strings, reason)
     accepted = props[:n]
-    row.tokens.extend(accepted)
-    new_text = tok.decode(row.generated, skip_special_tokens=True)
-    piece = new_text[len(row.text):] if new_text.startswith(row.text) else new_text
-    row.text = new_text
-    row.finish_reason = reason
     cands = None
     if cfg.top_k and res.proposal_logits is not None:
         probs = top_probs(res.proposal_logits, min(cfg.top_k, res.proposal_logits.shape[-1]), scoring)
@@ -504,19 +492,6 @@ def _apply_limits(props: list[int], n: int, n_generated: int, max_new: int, eos:
     if props[n - 1] in eos:
         return n, "eos"
     return n, ("length" if n_generated + n >= max_new else None)
-
-
-def _apply_stop_strings(tok, row: _Row, props: list[int], n: int, stops: tuple[str, ...], reason):
-    """Cut the accepted run right after the token that completes a stop string."""
-    if not stops or n == 0:
-        return n, reason
-    base = row.generated
-    for k in range(1, n + 1):
-        text = tok.decode(base + props[:k], skip_special_tokens=True)
-        tail = text[max(0, len(row.text) - max(len(s) for s in stops)):]
-        if any(s in tail for s in stops):
-            return k, "stop"
-    return n, reason
 
 
 def stream(lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl | None = None, *,

@@ -27,6 +27,7 @@ import torch
 
 from mars.decoding import device_step as ds
 from mars.decoding.records import PassRecord
+from mars.decoding.rows import RowText, take
 from mars.decoding.static_tree import branch, static_tree
 
 REASONS = {ds.EOS: "eos", ds.LENGTH: "length"}
@@ -82,24 +83,11 @@ def _out_width(lay: ds.Layout) -> int:
     return max(lay.depths, default=0) + 1
 
 
-class _RowText:
-    """What the host keeps of a row: its generated ids and text (for records and stop strings)."""
-
-    def __init__(self, index: int, prompt: list[int]):
-        self.index, self.tokens, self.n_prompt = index, list(prompt), len(prompt)
-        self.text = ""
-        self.finish_reason: str | None = None
-
-    @property
-    def generated(self) -> list[int]:
-        return self.tokens[self.n_prompt:]
-
-
-def decode_steps_device(lm, prompts: list[list[int]], cfg, control, backend, apply_stop) -> Iterator[list[PassRecord]]:
+def decode_steps_device(lm, prompts: list[list[int]], cfg, control, backend) -> Iterator[list[PassRecord]]:
     """decode_steps for cfg.backend "static-device" (checked and sized by the caller, decode_steps).
     backend: `backend(model, cfg, batch, capacity, scratch) -> runner` with `batch`, `device`, `forward` and
     `run` (mars.runtime.step_runner.StepRunner); None: mars.runtime.backends.make_step_runner.
-    apply_stop: the host loop's stop-string rule (decoder._apply_stop_strings), applied at each read."""
+    Stop strings are cut at each read by the same rule as the host loop's (mars.decoding.rows.take)."""
 
     tok = lm.tokenizer
     P = max(len(p) for p in prompts)
@@ -127,7 +115,7 @@ def decode_steps_device(lm, prompts: list[list[int]], cfg, control, backend, app
     prefill = ds.Step(first, st, consts, runner.forward, K)
     step = ds.Step(steady, st, consts, runner.forward, K)
     key = (steady.kind, runner.batch, steady.W)
-    rows = [_RowText(i, p) for i, p in enumerate(prompts)]
+    rows = [RowText(i, p) for i, p in enumerate(prompts)]
     source = None if steady.kind in ("ar", "mars") else "mars"
     # an asynchronous device (CUDA) runs the next k steps while the host turns the last k into records
     overlap = bool(getattr(runner, "asynchronous", False))
@@ -167,7 +155,7 @@ def decode_steps_device(lm, prompts: list[list[int]], cfg, control, backend, app
                 if r.finish_reason is not None or not got["live"][s][i]:
                     continue
                 records.append(_record(tok, r, got, s, i, cfg, tau, pass_index, steady.W if s or pass_index
-                                       else first.W, source, per_step, apply_stop))
+                                       else first.W, source, per_step))
                 if r.finish_reason == "stop":
                     st.done[i] = True  # the device's row stops writing (a host write, no wait)
             pass_index += 1
@@ -206,19 +194,14 @@ def _shape(vals: list, shape) -> list:
     return [_shape(vals[i * step:(i + 1) * step], shape[1:]) for i in range(shape[0])]
 
 
-def _record(tok, r: _RowText, got: dict, s: int, i: int, cfg, tau: float, pass_index: int, width: int, source,
-            seconds: float, apply_stop) -> PassRecord:
+def _record(tok, r: RowText, got: dict, s: int, i: int, cfg, tau: float, pass_index: int, width: int, source,
+            seconds: float) -> PassRecord:
     n, rej = got["n"][s][i], got["rej"][s][i]
     props = got["tok"][s][i][:n + rej]
     conf = got["conf"][s][i][:n + rej]
     reason = REASONS.get(got["reason"][s][i])
-    n2, reason = apply_stop(tok, r, props, n, cfg.stop_strings, reason)
+    n2, reason, piece = take(tok, r, props, n, cfg.stop_strings, reason)
     accepted = props[:n2]
-    r.tokens.extend(accepted)
-    new_text = tok.decode(r.generated, skip_special_tokens=True)
-    piece = new_text[len(r.text):] if new_text.startswith(r.text) else new_text
-    r.text = new_text
-    r.finish_reason = reason
     sent = got["sent"][s][i]
     return PassRecord(
         row=i, pass_index=pass_index, token_ids=accepted, text=piece, confidences=conf[:n2],
