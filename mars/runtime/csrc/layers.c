@@ -6,7 +6,7 @@
    pass (the lossless modes' AR check compares a row with itself in a 1-token pass):
    - score j = (q . k_j) * scale, the dot product in 16 lanes (lane l sums q[d] k_j[d] for d = l, l + 16, ...
      by fma, d ascending) added in a fixed tree (l + l+8, then + l+4, + l+2, + l+1): lane_tree. With AVX-512,
-     16 keys' lanes at once and the same tree as a transpose (reduce16); with AVX2, a key at a time.
+     16 keys' lanes at once and the same tree as a transpose (reduce16); with AVX2, 8 keys' (reduce8).
    - p_j = exp_poly(score_j - max over the allowed keys), 0 for a key not allowed; the sum of the allowed
      keys' p in 16 lanes, the r-th allowed key in lane r mod 16, lanes added in order; out = (sum_j p_j v_j,
      j ascending by fma, keys not allowed skipped) * (1/sum).
@@ -94,6 +94,68 @@ ALWAYS_INLINE __m512 scores_block(const __m512 *qv, const float *k0, int64_t hd,
 }
 #endif
 
+#if !defined(ATT512) && defined(VL) && VL == 8
+#define ATT256 1
+#endif
+
+#if defined(ATT256)
+/* lane_tree of 8 keys at once: a[j] holds key j's lanes l + l+8 (the tree's first level); returns the 8 sums,
+   key j in lane j. Each level adds the lanes at distance 4, 2, 1 of two keys side by side, as lane_tree does. */
+static inline __m256 reduce8(const __m256 *a) {
+    __m256 u[4], t[2];
+    for (int p = 0; p < 4; p++)  /* distance 4: [key 2p: 4 sums | key 2p + 1: 4 sums] */
+        u[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
+    for (int p = 0; p < 2; p++)  /* distance 2: [key 4p: 2 | key 4p + 2: 2 | key 4p + 1: 2 | key 4p + 3: 2] */
+        t[p] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * p], u[2 * p + 1], 0x44),
+                             _mm256_shuffle_ps(u[2 * p], u[2 * p + 1], 0xEE));
+    /* distance 1: [keys 0 2 4 6 | keys 1 3 5 7] */
+    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xDD));
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Keys j0 .. j0 + nk - 1 (nk <= 4) of row stride hd: a[j0 + j] = their lanes l + l+8 (dot_row's lo + hi, the
+   same fma chains). Called with constant hd and nk == 4 where it can be, so that the 8 chains stay in
+   registers. */
+ALWAYS_INLINE void lanes4(const float *q, const float *k0, int64_t hd, int64_t nk, __m256 *a) {
+    __m256 lo[4], hi[4];
+    for (int64_t j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 16) {
+        const __m256 ql = _mm256_loadu_ps(q + d), qh = _mm256_loadu_ps(q + d + 8);
+        for (int64_t j = 0; j < nk; j++) {
+            lo[j] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(k0 + j * hd + d), lo[j]);
+            hi[j] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(k0 + j * hd + d + 8), hi[j]);
+        }
+    }
+    for (int64_t j = 0; j < 4; j++) a[j] = _mm256_add_ps(lo[j], hi[j]);
+}
+
+/* 8 keys' scores from key row k0 on (nk <= 8 of them real, the rest 0) */
+ALWAYS_INLINE __m256 scores8(const float *q, const float *k0, int64_t hd, int64_t nk) {
+    __m256 a[8];
+    if (nk == 8 && hd == 64) {  /* the default model's */
+        lanes4(q, k0, 64, 4, a);
+        lanes4(q, k0 + 4 * 64, 64, 4, a + 4);
+    } else if (nk == 8) {
+        lanes4(q, k0, hd, 4, a);
+        lanes4(q, k0 + 4 * hd, hd, 4, a + 4);
+    } else {
+        lanes4(q, k0, hd, nk < 4 ? nk : 4, a);
+        lanes4(q, k0 + 4 * hd, hd, nk > 4 ? nk - 4 : 0, a + 4);
+    }
+    return reduce8(a);
+}
+
+/* keys [j0, j0 + nk) allowed: all lanes set where al[j] != 0, lanes past nk clear */
+static inline __m256 allowed8(const uint8_t *al, int64_t nk) {
+    uint64_t bytes = 0;
+    if (nk == 8) memcpy(&bytes, al, 8);
+    else memcpy(&bytes, al, (size_t)nk);
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(b, _mm256_setzero_si256()));
+}
+#endif
+
 /* One query's probabilities over keys [0, T) (row stride hd in kc), written to s (T rounded up to 16); returns
    1 / their sum, or 0 where no key is allowed (the output is then zeros). packed: scratch (T rounded up to 16),
    the allowed keys' p side by side for the sum. */
@@ -133,6 +195,46 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
             sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(live, packed + i0));
         }
         _mm512_storeu_ps(lanes, sum);
+    } else
+#elif defined(ATT256)
+    if (hd % 16 == 0) {
+        const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+        __m256 m = ninf;
+        for (int64_t j0 = 0; j0 < T; j0 += 8) {
+            const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+            const __m256 sc = _mm256_mul_ps(scores8(q, kc + j0 * hd, hd, nk), sv);
+            _mm256_storeu_ps(s + j0, sc);
+            m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, sc, allowed8(al + j0, nk)));
+        }
+        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        mx = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+        if (mx == -INFINITY) return 0.0f;
+        const __m256 mv = _mm256_set1_ps(mx);
+        int64_t cnt = 0;
+        for (int64_t j0 = 0; j0 < T; j0 += 8) {
+            const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+            const __m256 ok = allowed8(al + j0, nk);
+            const __m256 p = _mm256_and_ps(ok, vexp_poly(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv)));
+            _mm256_storeu_ps(s + j0, p);
+            const int bits = _mm256_movemask_ps(ok);
+            if (bits == 0xFF) {
+                _mm256_storeu_ps(packed + cnt, p);
+                cnt += 8;
+            } else {
+                for (int64_t j = 0; j < nk; j++)
+                    if (bits >> j & 1) packed[cnt++] = s[j0 + j];
+            }
+        }
+        /* the sum's 16 lanes: the tail's missing lanes add +0, no bit changes */
+        for (int64_t i = cnt; i < (cnt + 15) / 16 * 16; i++) packed[i] = 0.0f;
+        __m256 lo = _mm256_setzero_ps(), hi = lo;
+        for (int64_t i0 = 0; i0 < cnt; i0 += 16) {
+            lo = _mm256_add_ps(lo, _mm256_loadu_ps(packed + i0));
+            hi = _mm256_add_ps(hi, _mm256_loadu_ps(packed + i0 + 8));
+        }
+        _mm256_storeu_ps(lanes, lo);
+        _mm256_storeu_ps(lanes + 8, hi);
     } else
 #endif
     {
