@@ -97,6 +97,12 @@ ALWAYS_INLINE __m512 scores_block(const __m512 *qv, const float *k0, int64_t hd,
 #if !defined(ATT512) && defined(VL) && VL == 8
 #define ATT256 1
 #endif
+#define ATT_Q 2  /* queries per values call: 2 x 4 vectors = 8 independent fma chains */
+#if defined(ATT256)
+#define ATT_G 8  /* queries per work item in a wide pass (attend_probs8, attend_values): keys read once for 8 */
+#else
+#define ATT_G ATT_Q
+#endif
 
 #if defined(ATT256)
 /* lane_tree of 8 keys at once: a[j] holds key j's lanes l + l+8 (the tree's first level); returns the 8 sums,
@@ -156,6 +162,66 @@ static inline __m256 allowed8(const uint8_t *al, int64_t nk) {
 }
 #endif
 
+#if defined(ATT256)
+/* The rest of one query's probabilities (the AVX2 branch of attend_probs, for attend_probs8): s holds its
+   scores over keys [0, T) (T rounded up to 8), mx their max over the allowed keys; s becomes the p, packed (T
+   rounded up to 16) the allowed keys' p side by side. Returns 1 / their sum, 0 where no key is allowed. */
+static float softmax8(float *s, int64_t T, const uint8_t *al, float mx, float *packed) {
+    if (mx == -INFINITY) return 0.0f;
+    const __m256 mv = _mm256_set1_ps(mx);
+    int64_t cnt = 0;
+    for (int64_t j0 = 0; j0 < T; j0 += 8) {
+        const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+        const __m256 ok = allowed8(al + j0, nk);
+        const __m256 p = _mm256_and_ps(ok, vexp_poly(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv)));
+        _mm256_storeu_ps(s + j0, p);
+        const int bits = _mm256_movemask_ps(ok);
+        if (bits == 0xFF) {
+            _mm256_storeu_ps(packed + cnt, p);
+            cnt += 8;
+        } else {
+            for (int64_t j = 0; j < nk; j++)
+                if (bits >> j & 1) packed[cnt++] = s[j0 + j];
+        }
+    }
+    /* the sum's 16 lanes: the tail's missing lanes add +0, no bit changes */
+    for (int64_t i = cnt; i < (cnt + 15) / 16 * 16; i++) packed[i] = 0.0f;
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (int64_t i0 = 0; i0 < cnt; i0 += 16) {
+        lo = _mm256_add_ps(lo, _mm256_loadu_ps(packed + i0));
+        hi = _mm256_add_ps(hi, _mm256_loadu_ps(packed + i0 + 8));
+    }
+    float lanes[16], total = 0.0f;
+    _mm256_storeu_ps(lanes, lo);
+    _mm256_storeu_ps(lanes + 8, hi);
+    for (int l = 0; l < 16; l++) total += lanes[l];
+    return 1.0f / total;
+}
+
+/* attend_probs for nq <= ATT_G queries over the same keys: each block of 8 keys is scored for every query in
+   turn while it sits in L1 (a wide pass's keys are read from L2 once per group, not once per query); each
+   query's own operations are those it has alone. s[i]: query i's p (T rounded up to 16), inv[i]: 1 / sum. */
+static void attend_probs8(const float *const *q, int nq, const float *kc, int64_t T, int64_t hd,
+                          const uint8_t *const *al, float scale, float *const *s, float *packed, float *inv) {
+    const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m[ATT_G];
+    for (int i = 0; i < nq; i++) m[i] = ninf;
+    for (int64_t j0 = 0; j0 < T; j0 += 8) {
+        const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+        for (int i = 0; i < nq; i++) {
+            const __m256 sc = _mm256_mul_ps(scores8(q[i], kc + j0 * hd, hd, nk), sv);
+            _mm256_storeu_ps(s[i] + j0, sc);
+            m[i] = _mm256_max_ps(m[i], _mm256_blendv_ps(ninf, sc, allowed8(al[i] + j0, nk)));
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m[i]), _mm256_extractf128_ps(m[i], 1));
+        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        inv[i] = softmax8(s[i], T, al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
+    }
+}
+#endif
+
 /* One query's probabilities over keys [0, T) (row stride hd in kc), written to s (T rounded up to 16); returns
    1 / their sum, or 0 where no key is allowed (the output is then zeros). packed: scratch (T rounded up to 16),
    the allowed keys' p side by side for the sum. */
@@ -196,46 +262,6 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
         }
         _mm512_storeu_ps(lanes, sum);
     } else
-#elif defined(ATT256)
-    if (hd % 16 == 0) {
-        const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
-        __m256 m = ninf;
-        for (int64_t j0 = 0; j0 < T; j0 += 8) {
-            const int64_t nk = T - j0 < 8 ? T - j0 : 8;
-            const __m256 sc = _mm256_mul_ps(scores8(q, kc + j0 * hd, hd, nk), sv);
-            _mm256_storeu_ps(s + j0, sc);
-            m = _mm256_max_ps(m, _mm256_blendv_ps(ninf, sc, allowed8(al + j0, nk)));
-        }
-        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        mx = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
-        if (mx == -INFINITY) return 0.0f;
-        const __m256 mv = _mm256_set1_ps(mx);
-        int64_t cnt = 0;
-        for (int64_t j0 = 0; j0 < T; j0 += 8) {
-            const int64_t nk = T - j0 < 8 ? T - j0 : 8;
-            const __m256 ok = allowed8(al + j0, nk);
-            const __m256 p = _mm256_and_ps(ok, vexp_poly(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv)));
-            _mm256_storeu_ps(s + j0, p);
-            const int bits = _mm256_movemask_ps(ok);
-            if (bits == 0xFF) {
-                _mm256_storeu_ps(packed + cnt, p);
-                cnt += 8;
-            } else {
-                for (int64_t j = 0; j < nk; j++)
-                    if (bits >> j & 1) packed[cnt++] = s[j0 + j];
-            }
-        }
-        /* the sum's 16 lanes: the tail's missing lanes add +0, no bit changes */
-        for (int64_t i = cnt; i < (cnt + 15) / 16 * 16; i++) packed[i] = 0.0f;
-        __m256 lo = _mm256_setzero_ps(), hi = lo;
-        for (int64_t i0 = 0; i0 < cnt; i0 += 16) {
-            lo = _mm256_add_ps(lo, _mm256_loadu_ps(packed + i0));
-            hi = _mm256_add_ps(hi, _mm256_loadu_ps(packed + i0 + 8));
-        }
-        _mm256_storeu_ps(lanes, lo);
-        _mm256_storeu_ps(lanes + 8, hi);
-    } else
 #endif
     {
         for (int64_t j = 0; j < T; j++) {
@@ -256,17 +282,21 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
     return 1.0f / total;
 }
 
-/* The weighted sums of nq queries sharing one head's values: out[i] = (sum_j p[i][j] v_j) * inv[i], keys j
-   ascending, each output its own chain of fmas (the queries only share the loads of v). */
-#define ATT_Q 2  /* queries per work item: 2 x 4 vectors = 8 independent fma chains */
+/* The weighted sums of nq <= ATT_G queries sharing one head's values: out[i] = (sum_j p[i][j] v_j) * inv[i],
+   keys j ascending, each output its own chain of fmas (the queries only share the loads of v). With more than
+   ATT_Q queries, in blocks of ATT_KB keys (a block's values stay in L1 for every pair of queries; the chains
+   wait in out between blocks, stored and loaded exactly). */
+#define ATT_KB 64
 #if defined(VL)
-/* columns [d0, d0 + nv VL) for nq queries; called with constant nq and nv so that acc stays in registers */
-ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, const float *vc, int64_t T,
-                               int64_t hd, const uint8_t *const *al, float *const *out, int64_t d0, int64_t nv) {
+/* columns [d0, d0 + nv VL) for nq <= ATT_Q queries, keys [j0, j1): from 0 where first, else from what out
+   holds; scaled by inv where last. Called with constant nq and nv so that acc stays in registers. */
+ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, const float *vc, int64_t j0,
+                               int64_t j1, int64_t hd, const uint8_t *const *al, float *const *out, int64_t d0,
+                               int64_t nv, int first, int last) {
     vf acc[ATT_Q][4];
     for (int i = 0; i < nq; i++)
-        for (int64_t v = 0; v < nv; v++) acc[i][v] = VZERO();
-    for (int64_t j = 0; j < T; j++) {
+        for (int64_t v = 0; v < nv; v++) acc[i][v] = first ? VZERO() : VLOAD(out[i] + d0 + v * VL);
+    for (int64_t j = j0; j < j1; j++) {
         const float *vr = vc + j * hd + d0;
         for (int i = 0; i < nq; i++) {
             if (!al[i][j]) continue;
@@ -276,7 +306,7 @@ ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, 
     }
     for (int i = 0; i < nq; i++) {
         const vf iv = VSET1(inv[i]);
-        for (int64_t v = 0; v < nv; v++) VSTORE(out[i] + d0 + v * VL, VMUL(acc[i][v], iv));
+        for (int64_t v = 0; v < nv; v++) VSTORE(out[i] + d0 + v * VL, last ? VMUL(acc[i][v], iv) : acc[i][v]);
     }
 }
 #endif
@@ -285,11 +315,22 @@ static void attend_values(const float *const *p, const float *inv, int nq, const
                           const uint8_t *const *al, float *const *out) {
 #if defined(VL)
     if (hd % VL == 0) {
+        const int64_t kb = nq > ATT_Q ? ATT_KB : T;
         for (int64_t d0 = 0; d0 < hd; d0 += 4 * VL) {
             const int64_t nv = (hd - d0) / VL < 4 ? (hd - d0) / VL : 4;
-            if (nv == 4 && nq == 2) values_cols(p, inv, 2, vc, T, hd, al, out, d0, 4);
-            else if (nv == 4 && nq == 1) values_cols(p, inv, 1, vc, T, hd, al, out, d0, 4);
-            else values_cols(p, inv, nq, vc, T, hd, al, out, d0, nv);
+            for (int64_t j0 = 0; j0 < T; j0 += kb) {
+                const int64_t j1 = T - j0 < kb ? T : j0 + kb;
+                const int first = j0 == 0, last = j1 == T;
+                for (int i = 0; i < nq; i += ATT_Q) {
+                    const int n2 = nq - i < ATT_Q ? nq - i : ATT_Q;
+                    if (nv == 4 && n2 == 2)
+                        values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last);
+                    else if (nv == 4 && n2 == 1)
+                        values_cols(p + i, inv + i, 1, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last);
+                    else
+                        values_cols(p + i, inv + i, n2, vc, j0, j1, hd, al + i, out + i, d0, nv, first, last);
+                }
+            }
         }
         return;
     }
@@ -348,29 +389,45 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         }
     }
     /* work items: per batch row and KV head, its rep x W queries (the query heads that share its keys, every
-       row of the window) by ATT_Q: the values' loads are shared, and 2 threads split even a 1-token pass */
+       row of the window) by G: the keys' and values' loads are shared (attend_probs8, attend_values); G as
+       large as leaves 4 items per thread, so that 2 threads split even a 1-token pass. A query's result does
+       not depend on G. */
     const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t rep = H / KV, nq = rep * W, per = (nq + ATT_Q - 1) / ATT_Q, items = b * KV * per;
-    const int64_t Tp = (T + 15) / 16 * 16;
+    const int64_t rep = H / KV, nq = rep * W, Tp = (T + 15) / 16 * 16;
+#if defined(_OPENMP)
+    const int64_t threads = omp_get_max_threads();
+#else
+    const int64_t threads = 1;
+#endif
+    int64_t G = ATT_G;
+    while (G > ATT_Q && b * KV * ((nq + G - 1) / G) < 4 * threads) G /= 2;
+    const int64_t per = (nq + G - 1) / G, items = b * KV * per;
     int failed = 0;
     #pragma omp parallel for schedule(static) if (items > 1)
     for (int64_t it = 0; it < items; it++) {
-        const int64_t bi = it / (KV * per), g = (it / per) % KV, q0 = (it % per) * ATT_Q;
-        const int nk = (int)(nq - q0 < ATT_Q ? nq - q0 : ATT_Q);
-        float *buf = att_scratch((ATT_Q + 1) * Tp);  /* each query's p, then the packed sum's scratch */
+        const int64_t bi = it / (KV * per), g = (it / per) % KV, q0 = (it % per) * G;
+        const int nk = (int)(nq - q0 < G ? nq - q0 : G);
+        float *buf = att_scratch((G + 1) * Tp);  /* each query's p, then the packed sum's scratch */
         if (!buf) { failed = 1; continue; }
         const int64_t base = (bi * KV + g) * cap * hd;
-        const float *pr[ATT_Q];
-        const uint8_t *alr[ATT_Q];
-        float inv[ATT_Q], *outr[ATT_Q];
+        const float *pr[ATT_G], *qr[ATT_G];
+        float *sr[ATT_G];
+        const uint8_t *alr[ATT_G];
+        float inv[ATT_G], *outr[ATT_G];
         for (int k = 0; k < nk; k++) {
             const int64_t qi = q0 + k, i = qi / rep, h = g * rep + qi % rep, r = bi * W + i;
-            float *s = buf + k * Tp;
+            pr[k] = sr[k] = buf + k * Tp;
+            qr[k] = qkv + r * F + h * hd;
             alr[k] = allowed + r * T;
-            inv[k] = attend_probs(qkv + r * F + h * hd, kc + base, T, hd, alr[k], scale, s, buf + ATT_Q * Tp);
-            pr[k] = s;
             outr[k] = out + r * H * hd + h * hd;
         }
+#if defined(ATT256)
+        if (hd % 16 == 0)
+            attend_probs8(qr, nk, kc + base, T, hd, alr, scale, sr, buf + G * Tp, inv);
+        else
+#endif
+        for (int k = 0; k < nk; k++)
+            inv[k] = attend_probs(qr[k], kc + base, T, hd, alr[k], scale, sr[k], buf + G * Tp);
         attend_values(pr, inv, nk, vc + base, T, hd, alr, outr);
     }
     return failed;
