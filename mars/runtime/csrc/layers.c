@@ -105,24 +105,24 @@ ALWAYS_INLINE __m512 scores_block(const __m512 *qv, const float *k0, int64_t hd,
 #endif
 
 #if defined(ATT256)
-/* lane_tree of 8 keys at once: a[j] holds key j's lanes l + l+8 (the tree's first level); returns the 8 sums,
-   key j in lane j. Each level adds the lanes at distance 4, 2, 1 of two keys side by side, as lane_tree does. */
+/* lane_tree of 8 keys at once: a[j] holds a key's lanes l + l+8 (the tree's first level); returns the 8 sums,
+   a[0], a[2], a[4], a[6], a[1], a[3], a[5], a[7] in lanes 0 to 7 (scores8 puts its keys there in that order).
+   Each level adds the lanes at distance 4, 2, 1 of two keys side by side, as lane_tree does for one. */
 static inline __m256 reduce8(const __m256 *a) {
     __m256 u[4], t[2];
-    for (int p = 0; p < 4; p++)  /* distance 4: [key 2p: 4 sums | key 2p + 1: 4 sums] */
+    for (int p = 0; p < 4; p++)  /* distance 4: [a[2p]: 4 sums | a[2p + 1]: 4 sums] */
         u[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
                              _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
-    for (int p = 0; p < 2; p++)  /* distance 2: [key 4p: 2 | key 4p + 2: 2 | key 4p + 1: 2 | key 4p + 3: 2] */
+    for (int p = 0; p < 2; p++)  /* distance 2: [a[4p]: 2 | a[4p + 2]: 2 | a[4p + 1]: 2 | a[4p + 3]: 2] */
         t[p] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * p], u[2 * p + 1], 0x44),
                              _mm256_shuffle_ps(u[2 * p], u[2 * p + 1], 0xEE));
-    /* distance 1: [keys 0 2 4 6 | keys 1 3 5 7] */
-    const __m256 r = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xDD));
-    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    /* distance 1: [a[0] a[2] a[4] a[6] | a[1] a[3] a[5] a[7]] */
+    return _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xDD));
 }
 
-/* Keys j0 .. j0 + nk - 1 (nk <= 4) of row stride hd: a[j0 + j] = their lanes l + l+8 (dot_row's lo + hi, the
-   same fma chains). Called with constant hd and nk == 4 where it can be, so that the 8 chains stay in
-   registers. */
+/* Keys 0 .. nk - 1 (nk <= 4) from row k0 on, row stride hd: a[2 j] = key j's lanes l + l+8 (dot_row's lo + hi,
+   the same fma chains), 0 past nk. Called with constant hd and nk == 4 where it can be, so that the 8 chains
+   stay in registers. */
 ALWAYS_INLINE void lanes4(const float *q, const float *k0, int64_t hd, int64_t nk, __m256 *a) {
     __m256 lo[4], hi[4];
     for (int64_t j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
@@ -133,21 +133,22 @@ ALWAYS_INLINE void lanes4(const float *q, const float *k0, int64_t hd, int64_t n
             hi[j] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(k0 + j * hd + d + 8), hi[j]);
         }
     }
-    for (int64_t j = 0; j < 4; j++) a[j] = _mm256_add_ps(lo[j], hi[j]);
+    for (int64_t j = 0; j < 4; j++) a[2 * j] = _mm256_add_ps(lo[j], hi[j]);
 }
 
-/* 8 keys' scores from key row k0 on (nk <= 8 of them real, the rest 0) */
+/* 8 keys' scores from key row k0 on (nk <= 8 of them real, the rest 0), key j in lane j: keys 0-3 in a's even
+   slots, 4-7 in its odd ones (reduce8's lane order) */
 ALWAYS_INLINE __m256 scores8(const float *q, const float *k0, int64_t hd, int64_t nk) {
     __m256 a[8];
     if (nk == 8 && hd == 64) {  /* the default model's */
         lanes4(q, k0, 64, 4, a);
-        lanes4(q, k0 + 4 * 64, 64, 4, a + 4);
+        lanes4(q, k0 + 4 * 64, 64, 4, a + 1);
     } else if (nk == 8) {
         lanes4(q, k0, hd, 4, a);
-        lanes4(q, k0 + 4 * hd, hd, 4, a + 4);
+        lanes4(q, k0 + 4 * hd, hd, 4, a + 1);
     } else {
         lanes4(q, k0, hd, nk < 4 ? nk : 4, a);
-        lanes4(q, k0 + 4 * hd, hd, nk > 4 ? nk - 4 : 0, a + 4);
+        lanes4(q, k0 + 4 * hd, hd, nk > 4 ? nk - 4 : 0, a + 1);
     }
     return reduce8(a);
 }
@@ -289,17 +290,18 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
 #define ATT_KB 64
 #if defined(VL)
 /* columns [d0, d0 + nv VL) for nq <= ATT_Q queries, keys [j0, j1): from 0 where first, else from what out
-   holds; scaled by inv where last. Called with constant nq and nv so that acc stays in registers. */
+   holds; scaled by inv where last. dense: every key of the block allowed for every query (no test per key).
+   Called with constant nq, nv and dense so that acc stays in registers. */
 ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, const float *vc, int64_t j0,
                                int64_t j1, int64_t hd, const uint8_t *const *al, float *const *out, int64_t d0,
-                               int64_t nv, int first, int last) {
+                               int64_t nv, int first, int last, int dense) {
     vf acc[ATT_Q][4];
     for (int i = 0; i < nq; i++)
         for (int64_t v = 0; v < nv; v++) acc[i][v] = first ? VZERO() : VLOAD(out[i] + d0 + v * VL);
     for (int64_t j = j0; j < j1; j++) {
         const float *vr = vc + j * hd + d0;
         for (int i = 0; i < nq; i++) {
-            if (!al[i][j]) continue;
+            if (!dense && !al[i][j]) continue;
             const vf pj = VSET1(p[i][j]);
             for (int64_t v = 0; v < nv; v++) acc[i][v] = VFMA(pj, VLOAD(vr + v * VL), acc[i][v]);
         }
@@ -323,12 +325,16 @@ static void attend_values(const float *const *p, const float *inv, int nq, const
                 const int first = j0 == 0, last = j1 == T;
                 for (int i = 0; i < nq; i += ATT_Q) {
                     const int n2 = nq - i < ATT_Q ? nq - i : ATT_Q;
-                    if (nv == 4 && n2 == 2)
-                        values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last);
+                    int dense = 1;
+                    for (int k = 0; k < n2; k++) dense &= memchr(al[i + k] + j0, 0, (size_t)(j1 - j0)) == NULL;
+                    if (nv == 4 && n2 == 2 && dense)
+                        values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last, 1);
+                    else if (nv == 4 && n2 == 2)
+                        values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last, 0);
                     else if (nv == 4 && n2 == 1)
-                        values_cols(p + i, inv + i, 1, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last);
+                        values_cols(p + i, inv + i, 1, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last, 0);
                     else
-                        values_cols(p + i, inv + i, n2, vc, j0, j1, hd, al + i, out + i, d0, nv, first, last);
+                        values_cols(p + i, inv + i, n2, vc, j0, j1, hd, al + i, out + i, d0, nv, first, last, 0);
                 }
             }
         }
