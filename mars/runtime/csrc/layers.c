@@ -317,13 +317,13 @@ ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, 
 #if defined(VL)
 #define VQ 6  /* values_dense: 6 queries x 2 vectors = 12 fma chains, each v loaded once for 6 (measured on an */
 #define VV 2  /* AVX2 EPYC, 64 rows x 200 keys: 4% faster than 2 x 4, which loads v once per query) */
-/* a block of keys every one of nq queries may see, columns [d0, d0 + nv VL): values_cols without the tests */
-ALWAYS_INLINE void values_dense(const float *const *p, const float *inv, int nq, const float *vc, int64_t j0,
-                                int64_t j1, int64_t hd, float *const *out, int64_t d0, int64_t nv, int first,
-                                int last) {
+/* keys [j0, j1) that every one of nq queries may see, columns [d0, d0 + nv VL): values_cols without the tests,
+   from what out holds and back to it */
+ALWAYS_INLINE void values_dense(const float *const *p, int nq, const float *vc, int64_t j0, int64_t j1,
+                                int64_t hd, float *const *out, int64_t d0, int64_t nv) {
     vf acc[VQ][VV];
     for (int i = 0; i < nq; i++)
-        for (int64_t v = 0; v < nv; v++) acc[i][v] = first ? VZERO() : VLOAD(out[i] + d0 + v * VL);
+        for (int64_t v = 0; v < nv; v++) acc[i][v] = VLOAD(out[i] + d0 + v * VL);
     for (int64_t j = j0; j < j1; j++) {
         const float *vr = vc + j * hd + d0;
         vf x[VV];
@@ -333,9 +333,26 @@ ALWAYS_INLINE void values_dense(const float *const *p, const float *inv, int nq,
             for (int64_t v = 0; v < nv; v++) acc[i][v] = VFMA(pj, x[v], acc[i][v]);
         }
     }
-    for (int i = 0; i < nq; i++) {
-        const vf iv = VSET1(inv[i]);
-        for (int64_t v = 0; v < nv; v++) VSTORE(out[i] + d0 + v * VL, last ? VMUL(acc[i][v], iv) : acc[i][v]);
+    for (int i = 0; i < nq; i++)
+        for (int64_t v = 0; v < nv; v++) VSTORE(out[i] + d0 + v * VL, acc[i][v]);
+}
+
+/* values_cols over keys [j0, j1) by pairs of queries, all columns, from what out holds and back to it */
+static void values_pairs(const float *const *p, const float *inv, int nq, const float *vc, int64_t j0, int64_t j1,
+                         int64_t hd, const uint8_t *const *al, float *const *out, int dense) {
+    for (int i = 0; i < nq; i += ATT_Q) {
+        const int n2 = nq - i < ATT_Q ? nq - i : ATT_Q;
+        for (int64_t d0 = 0; d0 < hd; d0 += 4 * VL) {
+            const int64_t nv = (hd - d0) / VL < 4 ? (hd - d0) / VL : 4;
+            if (nv == 4 && n2 == 2 && dense)
+                values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, 0, 0, 1);
+            else if (nv == 4 && n2 == 2)
+                values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, 0, 0, 0);
+            else if (nv == 4 && n2 == 1)
+                values_cols(p + i, inv + i, 1, vc, j0, j1, hd, al + i, out + i, d0, 4, 0, 0, 0);
+            else
+                values_cols(p + i, inv + i, n2, vc, j0, j1, hd, al + i, out + i, d0, nv, 0, 0, 0);
+        }
     }
 }
 #endif
@@ -343,33 +360,43 @@ ALWAYS_INLINE void values_dense(const float *const *p, const float *inv, int nq,
 static void attend_values(const float *const *p, const float *inv, int nq, const float *vc, int64_t T, int64_t hd,
                           const uint8_t *const *al, float *const *out) {
 #if defined(VL)
-    if (hd % VL == 0) {
-        const int64_t kb = nq > ATT_Q ? ATT_KB : T;
-        for (int64_t j0 = 0; j0 < T; j0 += kb) {
-            const int64_t j1 = T - j0 < kb ? T : j0 + kb;
-            const int first = j0 == 0, last = j1 == T;
+    if (hd % VL == 0 && nq <= ATT_Q) {  /* every key at once (always so in the AVX-512 build) */
+        for (int64_t d0 = 0; d0 < hd; d0 += 4 * VL) {
+            const int64_t nv = (hd - d0) / VL < 4 ? (hd - d0) / VL : 4;
+            if (nv == 4 && nq == 2) values_cols(p, inv, 2, vc, 0, T, hd, al, out, d0, 4, 1, 1, 0);
+            else if (nv == 4 && nq == 1) values_cols(p, inv, 1, vc, 0, T, hd, al, out, d0, 4, 1, 1, 0);
+            else values_cols(p, inv, nq, vc, 0, T, hd, al, out, d0, nv, 1, 1, 0);
+        }
+        return;
+    }
+    if (hd % VL == 0) {  /* blocks of ATT_KB keys; VQ queries at a time */
+        for (int i = 0; i < nq; i++) memset(out[i], 0, (size_t)hd * 4);
+        for (int64_t j0 = 0; j0 < T; j0 += ATT_KB) {
+            const int64_t j1 = T - j0 < ATT_KB ? T : j0 + ATT_KB;
             for (int i0 = 0; i0 < nq; i0 += VQ) {
                 const int nc = nq - i0 < VQ ? nq - i0 : VQ;
-                int dense = nc == VQ && hd % (VV * VL) == 0;
-                for (int k = 0; k < nc && dense; k++) dense = memchr(al[i0 + k] + j0, 0, (size_t)(j1 - j0)) == NULL;
-                if (dense) {
+                /* keys [j0, jd): every query of these may see them; [jd, je): some may (a causal window's) */
+                int64_t jd = j1, je = j0;
+                for (int k = 0; k < nc; k++) {
+                    const uint8_t *a = al[i0 + k], *z = (const uint8_t *)memchr(a + j0, 0, (size_t)(j1 - j0));
+                    int64_t e = j1;
+                    while (e > j0 && !a[e - 1]) e--;
+                    jd = z && z - a < jd ? z - a : jd;
+                    je = e > je ? e : je;
+                }
+                if (jd > j0 && nc == VQ && hd % (VV * VL) == 0)
                     for (int64_t d0 = 0; d0 < hd; d0 += VV * VL)
-                        values_dense(p + i0, inv + i0, VQ, vc, j0, j1, hd, out + i0, d0, VV, first, last);
-                    continue;
-                }
-                for (int i = i0; i < i0 + nc; i += ATT_Q) {
-                    const int n2 = i0 + nc - i < ATT_Q ? i0 + nc - i : ATT_Q;
-                    for (int64_t d0 = 0; d0 < hd; d0 += 4 * VL) {
-                        const int64_t nv = (hd - d0) / VL < 4 ? (hd - d0) / VL : 4;
-                        if (nv == 4 && n2 == 2)
-                            values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last, 0);
-                        else if (nv == 4 && n2 == 1)
-                            values_cols(p + i, inv + i, 1, vc, j0, j1, hd, al + i, out + i, d0, 4, first, last, 0);
-                        else
-                            values_cols(p + i, inv + i, n2, vc, j0, j1, hd, al + i, out + i, d0, nv, first, last, 0);
-                    }
-                }
+                        values_dense(p + i0, VQ, vc, j0, jd, hd, out + i0, d0, VV);
+                else if (jd > j0)
+                    values_pairs(p + i0, inv + i0, nc, vc, j0, jd, hd, al + i0, out + i0, 1);
+                else
+                    jd = j0;
+                if (je > jd) values_pairs(p + i0, inv + i0, nc, vc, jd, je, hd, al + i0, out + i0, 0);
             }
+        }
+        for (int i = 0; i < nq; i++) {
+            const vf iv = VSET1(inv[i]);
+            for (int64_t d0 = 0; d0 < hd; d0 += VL) VSTORE(out[i] + d0, VMUL(VLOAD(out[i] + d0), iv));
         }
         return;
     }
