@@ -6,7 +6,7 @@
    pass (the lossless modes' AR check compares a row with itself in a 1-token pass):
    - score j = (q . k_j) * scale, the dot product in 16 lanes (lane l sums q[d] k_j[d] for d = l, l + 16, ...
      by fma, d ascending) added in a fixed tree (l + l+8, then + l+4, + l+2, + l+1): lane_tree. With AVX-512,
-     16 keys' lanes at once and the same tree as a transpose (reduce16); with AVX2, 8 keys' (reduce8).
+     16 keys' lanes at once and the same tree as a transpose (reduce16); with AVX2, 8 keys' (scores8).
    - p_j = exp_poly(score_j - max over the allowed keys), 0 for a key not allowed; the sum of the allowed
      keys' p in 16 lanes, the r-th allowed key in lane r mod 16, lanes added in order; out = (sum_j p_j v_j,
      j ascending by fma, keys not allowed skipped) * (1/sum).
@@ -105,52 +105,46 @@ ALWAYS_INLINE __m512 scores_block(const __m512 *qv, const float *k0, int64_t hd,
 #endif
 
 #if defined(ATT256)
-/* lane_tree of 8 keys at once: a[j] holds a key's lanes l + l+8 (the tree's first level); returns the 8 sums,
-   a[0], a[2], a[4], a[6], a[1], a[3], a[5], a[7] in lanes 0 to 7 (scores8 puts its keys there in that order).
-   Each level adds the lanes at distance 4, 2, 1 of two keys side by side, as lane_tree does for one. */
-static inline __m256 reduce8(const __m256 *a) {
-    __m256 u[4], t[2];
-    for (int p = 0; p < 4; p++)  /* distance 4: [a[2p]: 4 sums | a[2p + 1]: 4 sums] */
-        u[p] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x20),
-                             _mm256_permute2f128_ps(a[2 * p], a[2 * p + 1], 0x31));
-    for (int p = 0; p < 2; p++)  /* distance 2: [a[4p]: 2 | a[4p + 2]: 2 | a[4p + 1]: 2 | a[4p + 3]: 2] */
-        t[p] = _mm256_add_ps(_mm256_shuffle_ps(u[2 * p], u[2 * p + 1], 0x44),
-                             _mm256_shuffle_ps(u[2 * p], u[2 * p + 1], 0xEE));
-    /* distance 1: [a[0] a[2] a[4] a[6] | a[1] a[3] a[5] a[7]] */
-    return _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x88), _mm256_shuffle_ps(t[0], t[1], 0xDD));
-}
-
-/* Keys 0 .. nk - 1 (nk <= 4) from row k0 on, row stride hd: a[2 j] = key j's lanes l + l+8 (dot_row's lo + hi,
-   the same fma chains), 0 past nk. Called with constant hd and nk == 4 where it can be, so that the 8 chains
-   stay in registers. */
-ALWAYS_INLINE void lanes4(const float *q, const float *k0, int64_t hd, int64_t nk, __m256 *a) {
-    __m256 lo[4], hi[4];
-    for (int64_t j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+/* lane_tree of 8 keys at once, in two halves of 4 keys (quad) so that a half's 8 fma chains and its part of the
+   tree fit the 16 registers. Key K's 16 lanes are dot_row's chains lo (lanes 0-7) and hi (8-15); the tree adds
+   lo + hi (distance 8), then the lanes at distance 4, 2 and 1, here for 2 to 4 keys side by side.
+   quad: keys K0..K3 (rows k0 + K hd; a K >= nk is no key: 0) down to distance 2: [K0: 2 | K2: 2 | K1: 2 | K3: 2]
+   (each pair b0 + b2, b1 + b3 of lane_tree's b). Called with constant hd and nk where it can be. */
+ALWAYS_INLINE __m256 quad(const float *q, const float *k0, int64_t hd, int64_t nk, int64_t K0, int64_t K1,
+                          int64_t K2, int64_t K3) {
+    const int64_t ks[4] = {K0, K1, K2, K3};
+    __m256 lo[4], hi[4], a[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
     for (int64_t d = 0; d < hd; d += 16) {
         const __m256 ql = _mm256_loadu_ps(q + d), qh = _mm256_loadu_ps(q + d + 8);
-        for (int64_t j = 0; j < nk; j++) {
-            lo[j] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(k0 + j * hd + d), lo[j]);
-            hi[j] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(k0 + j * hd + d + 8), hi[j]);
+        for (int j = 0; j < 4; j++) {
+            if (ks[j] >= nk) continue;
+            lo[j] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(k0 + ks[j] * hd + d), lo[j]);
+            hi[j] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(k0 + ks[j] * hd + d + 8), hi[j]);
         }
     }
-    for (int64_t j = 0; j < 4; j++) a[2 * j] = _mm256_add_ps(lo[j], hi[j]);
+    for (int j = 0; j < 4; j++) a[j] = _mm256_add_ps(lo[j], hi[j]);  /* distance 8 */
+    /* distance 4: [K0: 4 | K1: 4], [K2: 4 | K3: 4] */
+    const __m256 u0 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    const __m256 u1 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    return _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x44), _mm256_shuffle_ps(u0, u1, 0xEE));  /* distance 2 */
 }
 
-/* 8 keys' scores from key row k0 on (nk <= 8 of them real, the rest 0), key j in lane j: keys 0-3 in a's even
-   slots, 4-7 in its odd ones (reduce8's lane order) */
+/* 8 keys' scores from key row k0 on (nk <= 8 of them real, the rest 0), key j in lane j: the halves hold keys
+   0 4 1 5 and 2 6 3 7, so that distance 1 (of [A0 A2 B0 B2 | A1 A3 B1 B3]) lands them in order */
 ALWAYS_INLINE __m256 scores8(const float *q, const float *k0, int64_t hd, int64_t nk) {
-    __m256 a[8];
+    __m256 ta, tb;
     if (nk == 8 && hd == 64) {  /* the default model's */
-        lanes4(q, k0, 64, 4, a);
-        lanes4(q, k0 + 4 * 64, 64, 4, a + 1);
+        ta = quad(q, k0, 64, 8, 0, 4, 1, 5);
+        tb = quad(q, k0, 64, 8, 2, 6, 3, 7);
     } else if (nk == 8) {
-        lanes4(q, k0, hd, 4, a);
-        lanes4(q, k0 + 4 * hd, hd, 4, a + 1);
+        ta = quad(q, k0, hd, 8, 0, 4, 1, 5);
+        tb = quad(q, k0, hd, 8, 2, 6, 3, 7);
     } else {
-        lanes4(q, k0, hd, nk < 4 ? nk : 4, a);
-        lanes4(q, k0 + 4 * hd, hd, nk > 4 ? nk - 4 : 0, a + 1);
+        ta = quad(q, k0, hd, nk, 0, 4, 1, 5);
+        tb = quad(q, k0, hd, nk, 2, 6, 3, 7);
     }
-    return reduce8(a);
+    return _mm256_add_ps(_mm256_shuffle_ps(ta, tb, 0x88), _mm256_shuffle_ps(ta, tb, 0xDD));  /* distance 1 */
 }
 
 /* keys [j0, j0 + nk) allowed: all lanes set where al[j] != 0, lanes past nk clear */
