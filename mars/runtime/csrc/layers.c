@@ -435,11 +435,8 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         const int64_t bi = r / W, i = r % W;
         for (int64_t hh = 0; hh < H + KV; hh++) {
             float *x = row + hh * hd, tmp[MARS_MAX_HEAD_DIM];
-            for (int64_t d = 0; d < hd; d++) {
-                const float rot = x[d < half ? d + half : d - half];
-                const float a = x[d] * c[d], bb = rot * sn[d];
-                tmp[d] = a + bb;
-            }
+            for (int64_t d = 0; d < half; d++) tmp[d] = x[d] * c[d] + x[d + half] * sn[d];  /* two loops, */
+            for (int64_t d = half; d < hd; d++) tmp[d] = x[d] * c[d] + x[d - half] * sn[d];  /* vectorized */
             memcpy(x, tmp, (size_t)hd * 4);
         }
         for (int64_t g = 0; g < KV; g++) {
