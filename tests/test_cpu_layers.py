@@ -156,6 +156,27 @@ def test_c_attention_equals_the_plain_c_build_bit_for_bit(plain_lib, b, W, C, H,
 
 
 @needs_c
+@pytest.mark.parametrize("hd", [64, 32])
+def test_c_attention_on_a_sparse_mask_equals_the_plain_c_build_bit_for_bit(plain_lib, hd):
+    """Rows that see a stretch of the cache and their own group of the window (the acceptance lab's packed
+    examples, mars.evaluation.acceptance_lab): blocks of keys that a row may not see at all are skipped, and
+    the rest gives the plain C loops' bits."""
+    b, W, C, H, KV = 1, 40, 300, 9, 3
+    qkv, k, v, _ = case(b, W, C, H, KV, hd, cap=C + W, seed=11)
+    g = torch.Generator().manual_seed(12)
+    allowed = torch.zeros(b, W, C + W, dtype=torch.bool)
+    group = torch.arange(W) // 5
+    for i in range(W):
+        lo = int(torch.randint(0, C // 2, (1,), generator=g))
+        allowed[0, i, lo:lo + int(torch.randint(1, C // 2, (1,), generator=g))] = True
+        allowed[0, i, C:C + i + 1] = group[: i + 1] == group[i]
+    cos, sin = rope_rows(b * W, hd, seed=13)
+    got = [attend(L, qkv.clone(), cos, sin, k.clone(), v.clone(), C, allowed.to(torch.uint8), H, KV)
+           for L in (lib, plain_lib)]
+    assert torch.equal(got[0], got[1])
+
+
+@needs_c
 def test_c_attention_refuses_shapes_it_cannot_take():
     qkv, k, v, allowed = case(1, 2, 4, 4, 2, 16, cap=8)
     cos, sin = rope_rows(2, 16, seed=0)

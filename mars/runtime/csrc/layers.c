@@ -147,11 +147,16 @@ ALWAYS_INLINE __m256 scores8(const float *q, const float *k0, int64_t hd, int64_
     return _mm256_add_ps(_mm256_shuffle_ps(ta, tb, 0x88), _mm256_shuffle_ps(ta, tb, 0xDD));  /* distance 1 */
 }
 
-/* keys [j0, j0 + nk) allowed: all lanes set where al[j] != 0, lanes past nk clear */
-static inline __m256 allowed8(const uint8_t *al, int64_t nk) {
+/* the allow bytes of keys [j0, j0 + nk) (nk <= 8), side by side: 0 where none is allowed */
+static inline uint64_t bytes8(const uint8_t *al, int64_t nk) {
     uint64_t bytes = 0;
     if (nk == 8) memcpy(&bytes, al, 8);
     else memcpy(&bytes, al, (size_t)nk);
+    return bytes;
+}
+
+/* bytes8 as lanes: all bits set where the key is allowed */
+static inline __m256 allowed8(uint64_t bytes) {
     const __m256i b = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes));
     return _mm256_castsi256_ps(_mm256_cmpgt_epi32(b, _mm256_setzero_si256()));
 }
@@ -167,7 +172,9 @@ static float softmax8(float *s, int64_t T, const uint8_t *al, float mx, float *p
     int64_t cnt = 0;
     for (int64_t j0 = 0; j0 < T; j0 += 8) {
         const int64_t nk = T - j0 < 8 ? T - j0 : 8;
-        const __m256 ok = allowed8(al + j0, nk);
+        const uint64_t bytes = bytes8(al + j0, nk);
+        if (!bytes) continue;  /* s not written: its keys' p are never read */
+        const __m256 ok = allowed8(bytes);
         const __m256 p = _mm256_and_ps(ok, vexp_poly(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv)));
         _mm256_storeu_ps(s + j0, p);
         const int bits = _mm256_movemask_ps(ok);
@@ -195,24 +202,32 @@ static float softmax8(float *s, int64_t T, const uint8_t *al, float mx, float *p
 
 /* attend_probs for nq <= ATT_G queries over the same keys: each block of 8 keys is scored for every query in
    turn while it sits in L1 (a wide pass's keys are read from L2 once per group, not once per query); each
-   query's own operations are those it has alone. s[i]: query i's p (T rounded up to 16), inv[i]: 1 / sum. */
+   query's own operations are those it has alone, on the blocks of 8 keys where it may see one. s[i]: query
+   i's p (T rounded up to 16; blocks it may not see are not written: never read), inv[i]: 1 / their sum. */
 static void attend_probs8(const float *const *q, int nq, const float *kc, int64_t T, int64_t hd,
                           const uint8_t *const *al, float scale, float *const *s, float *packed, float *inv) {
     const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     __m256 m[ATT_G];
-    for (int i = 0; i < nq; i++) m[i] = ninf;
-    for (int64_t j0 = 0; j0 < T; j0 += 8) {
+    int64_t te[ATT_G], tmax = 0;  /* past query i's last allowed key (a causal window's rows: short of T) */
+    for (int i = 0; i < nq; i++) {
+        m[i] = ninf;
+        for (te[i] = T; te[i] > 0 && !al[i][te[i] - 1]; te[i]--) {}
+        tmax = te[i] > tmax ? te[i] : tmax;
+    }
+    for (int64_t j0 = 0; j0 < tmax; j0 += 8) {
         const int64_t nk = T - j0 < 8 ? T - j0 : 8;
         for (int i = 0; i < nq; i++) {
+            const uint64_t bytes = j0 < te[i] ? bytes8(al[i] + j0, nk) : 0;
+            if (!bytes) continue;  /* no key of the block allowed (a sparse mask: the acceptance lab's rows) */
             const __m256 sc = _mm256_mul_ps(scores8(q[i], kc + j0 * hd, hd, nk), sv);
             _mm256_storeu_ps(s[i] + j0, sc);
-            m[i] = _mm256_max_ps(m[i], _mm256_blendv_ps(ninf, sc, allowed8(al[i] + j0, nk)));
+            m[i] = _mm256_max_ps(m[i], _mm256_blendv_ps(ninf, sc, allowed8(bytes)));
         }
     }
     for (int i = 0; i < nq; i++) {
         const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m[i]), _mm256_extractf128_ps(m[i], 1));
         const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        inv[i] = softmax8(s[i], T, al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
+        inv[i] = softmax8(s[i], te[i], al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
     }
 }
 #endif
@@ -369,22 +384,36 @@ static void attend_values(const float *const *p, const float *inv, int nq, const
             const int64_t j1 = T - j0 < ATT_KB ? T : j0 + ATT_KB;
             for (int i0 = 0; i0 < nq; i0 += VQ) {
                 const int nc = nq - i0 < VQ ? nq - i0 : VQ;
-                /* keys [j0, jd): every query of these may see them; [jd, je): some may (a causal window's) */
-                int64_t jd = j1, je = j0;
+                /* keys [js, jd): every query of these may see them; [jd, je): some may (a causal window's, a
+                   sparse mask's); none outside [js, je) */
+                int64_t js = j1, jd = j1, je = j0;
                 for (int k = 0; k < nc; k++) {
-                    const uint8_t *a = al[i0 + k], *z = (const uint8_t *)memchr(a + j0, 0, (size_t)(j1 - j0));
-                    int64_t e = j1;
-                    while (e > j0 && !a[e - 1]) e--;
-                    jd = z && z - a < jd ? z - a : jd;
+                    const uint8_t *a = al[i0 + k];
+                    int64_t f = j0, e = j1;
+                    while (f < j1 && !a[f]) f++;
+                    while (e > f && !a[e - 1]) e--;
+                    js = f < js ? f : js;
                     je = e > je ? e : je;
                 }
-                if (jd > j0 && nc == VQ && hd % (VV * VL) == 0)
+                if (je <= js) continue;
+                for (int k = 0; k < nc; k++) {
+                    const uint8_t *a = al[i0 + k], *z = (const uint8_t *)memchr(a + js, 0, (size_t)(j1 - js));
+                    jd = z && z - a < jd ? z - a : jd;
+                }
+                if (jd > js && hd % (VV * VL) == 0)
                     for (int64_t d0 = 0; d0 < hd; d0 += VV * VL)
-                        values_dense(p + i0, VQ, vc, j0, jd, hd, out + i0, d0, VV);
-                else if (jd > j0)
-                    values_pairs(p + i0, inv + i0, nc, vc, j0, jd, hd, al + i0, out + i0, 1);
+                        switch (nc) {  /* constant counts: acc in registers */
+                            case 6: values_dense(p + i0, 6, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 5: values_dense(p + i0, 5, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 4: values_dense(p + i0, 4, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 3: values_dense(p + i0, 3, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 2: values_dense(p + i0, 2, vc, js, jd, hd, out + i0, d0, VV); break;
+                            default: values_dense(p + i0, 1, vc, js, jd, hd, out + i0, d0, VV);
+                        }
+                else if (jd > js)
+                    values_pairs(p + i0, inv + i0, nc, vc, js, jd, hd, al + i0, out + i0, 1);
                 else
-                    jd = j0;
+                    jd = js;
                 if (je > jd) values_pairs(p + i0, inv + i0, nc, vc, jd, je, hd, al + i0, out + i0, 0);
             }
         }
