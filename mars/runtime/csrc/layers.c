@@ -208,17 +208,13 @@ static void attend_probs8(const float *const *q, int nq, const float *kc, int64_
                           const uint8_t *const *al, float scale, float *const *s, float *packed, float *inv) {
     const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     __m256 m[ATT_G];
-    int64_t te[ATT_G], tmax = 0;  /* past query i's last allowed key (a causal window's rows: short of T) */
-    for (int i = 0; i < nq; i++) {
-        m[i] = ninf;
-        for (te[i] = T; te[i] > 0 && !al[i][te[i] - 1]; te[i]--) {}
-        tmax = te[i] > tmax ? te[i] : tmax;
-    }
-    for (int64_t j0 = 0; j0 < tmax; j0 += 8) {
+    for (int i = 0; i < nq; i++) m[i] = ninf;
+    for (int64_t j0 = 0; j0 < T; j0 += 8) {
         const int64_t nk = T - j0 < 8 ? T - j0 : 8;
         for (int i = 0; i < nq; i++) {
-            const uint64_t bytes = j0 < te[i] ? bytes8(al[i] + j0, nk) : 0;
-            if (!bytes) continue;  /* no key of the block allowed (a sparse mask: the acceptance lab's rows) */
+            const uint64_t bytes = bytes8(al[i] + j0, nk);
+            if (!bytes) continue;  /* none of these keys allowed: a causal window's later rows, the acceptance
+                                      lab's packed rows (~200 of ~2000 keys) */
             const __m256 sc = _mm256_mul_ps(scores8(q[i], kc + j0 * hd, hd, nk), sv);
             _mm256_storeu_ps(s[i] + j0, sc);
             m[i] = _mm256_max_ps(m[i], _mm256_blendv_ps(ninf, sc, allowed8(bytes)));
@@ -227,7 +223,7 @@ static void attend_probs8(const float *const *q, int nq, const float *kc, int64_
     for (int i = 0; i < nq; i++) {
         const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m[i]), _mm256_extractf128_ps(m[i], 1));
         const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        inv[i] = softmax8(s[i], te[i], al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
+        inv[i] = softmax8(s[i], T, al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
     }
 }
 #endif
@@ -295,8 +291,9 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
 /* The weighted sums of nq <= ATT_G queries sharing one head's values: out[i] = (sum_j p[i][j] v_j) * inv[i],
    keys j ascending, each output its own chain of fmas (the queries only share the loads of v). With more than
    ATT_Q queries, in blocks of ATT_KB keys (a block's values stay in L1 for all the queries; the chains wait in
-   out between blocks, stored and loaded exactly), VQ queries at a time where they may all see the whole block
-   (values_dense), else by pairs, testing each key (values_cols). */
+   out between blocks, stored and loaded exactly), VQ queries at a time: the keys they may all see without a
+   test per key (values_dense), the keys only some may see by pairs, testing each (values_cols), the keys none
+   may see skipped. */
 #define ATT_KB 64
 #if defined(VL)
 /* columns [d0, d0 + nv VL) for nq <= ATT_Q queries, keys [j0, j1): from 0 where first, else from what out
@@ -325,7 +322,7 @@ ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, 
 
 #if defined(VL)
 #define VQ 6  /* values_dense: 6 queries x 2 vectors = 12 fma chains, each v loaded once for 6 (measured on an */
-#define VV 2  /* AVX2 EPYC, 64 rows x 200 keys: 4% faster than 2 x 4, which loads v once per query) */
+#define VV 2  /* AVX2 EPYC, 64 rows x 200 keys: a few % faster than 2 x 4, 3 x 4, 4 x 2 or 8 x 1) */
 /* keys [j0, j1) that every one of nq queries may see, columns [d0, d0 + nv VL): values_cols without the tests,
    from what out holds and back to it */
 ALWAYS_INLINE void values_dense(const float *const *p, int nq, const float *vc, int64_t j0, int64_t j1,
