@@ -118,6 +118,64 @@ def test_a_rows_attention_depends_only_on_its_allowed_keys_in_order(hd):
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
+@pytest.fixture(scope="module")
+def plain_lib(tmp_path_factory):
+    """The kernels built without AVX (-mno-avx takes AVX2, FMA and AVX-512 with it): the plain C loops, which
+    every build's attention equals bit for bit."""
+    got = ck.build(out_dir=tmp_path_factory.mktemp("plain"), extra_flags=["-mno-avx"])
+    assert got.lib is not None, got.why
+    assert got.lib.mars_isa() == ck.HEADER.constants["MARS_ISA_PLAIN"]
+    return got.lib
+
+
+@needs_c
+@pytest.mark.parametrize("b,W,C,H,KV,hd", [(1, 1, 0, 2, 1, 64),  # one key
+                                            (1, 1, 100, 9, 3, 64), (1, 5, 100, 9, 3, 64), (2, 16, 37, 9, 3, 64),
+                                            (1, 64, 131, 9, 3, 64), (1, 64, 250, 9, 3, 64), (2, 32, 70, 9, 3, 64),
+                                            (2, 9, 21, 4, 2, 16), (1, 13, 50, 6, 2, 32),
+                                            (1, 7, 30, 2, 1, 48), (2, 11, 19, 4, 1, 128), (1, 3, 14, 2, 2, 256),
+                                            (1, 6, 23, 2, 1, 40)])  # hd 40: not a multiple of 16 (plain loops)
+def test_c_attention_equals_the_plain_c_build_bit_for_bit(plain_lib, b, W, C, H, KV, hd):
+    """This CPU's build (AVX2 or AVX-512: keys 8 or 16 at a time, several queries per block of keys) against the
+    plain C loops, on key counts that are no multiple of 8 or 16, keys masked inside a block, blocks every row
+    of a group may see (no test per key), a row that may see nothing, and queries of many rows and heads at
+    once: the same sums in the same order, the same bits."""
+    qkv, k, v, allowed = case(b, W, C, H, KV, hd, cap=C + W + 2, seed=W + hd)
+    g = torch.Generator().manual_seed(C)
+    allowed[:, ::3, :C] &= torch.rand(b, (W + 2) // 3, C, generator=g) > 0.25  # holes anywhere, in every 3rd row
+    if W > 3:
+        allowed[-1, 2] = False  # a row that sees no key: zeros
+    cos, sin = rope_rows(b * W, hd, seed=hd)
+    got = []
+    for L in (lib, plain_lib):
+        kk, vv, x = k.clone(), v.clone(), qkv.clone()
+        got.append((attend(L, x, cos, sin, kk, vv, C, allowed.to(torch.uint8), H, KV), kk, vv, x))
+    assert all(torch.equal(u, w) for u, w in zip(*got))
+    if W > 3:
+        assert not got[0][0][-1, 2].any()
+
+
+@needs_c
+@pytest.mark.parametrize("hd", [64, 32])
+def test_c_attention_on_a_sparse_mask_equals_the_plain_c_build_bit_for_bit(plain_lib, hd):
+    """Rows that see a stretch of the cache and their own group of the window (the acceptance lab's packed
+    examples, mars.evaluation.acceptance_lab): blocks of keys that a row may not see at all are skipped, and
+    the rest gives the plain C loops' bits."""
+    b, W, C, H, KV = 1, 40, 300, 9, 3
+    qkv, k, v, _ = case(b, W, C, H, KV, hd, cap=C + W, seed=11)
+    g = torch.Generator().manual_seed(12)
+    allowed = torch.zeros(b, W, C + W, dtype=torch.bool)
+    group = torch.arange(W) // 5
+    for i in range(W):
+        lo = int(torch.randint(0, C // 2, (1,), generator=g))
+        allowed[0, i, lo:lo + int(torch.randint(1, C // 2, (1,), generator=g))] = True
+        allowed[0, i, C:C + i + 1] = group[: i + 1] == group[i]
+    cos, sin = rope_rows(b * W, hd, seed=13)
+    got = [attend(L, qkv.clone(), cos, sin, k.clone(), v.clone(), C, allowed.to(torch.uint8), H, KV)
+           for L in (lib, plain_lib)]
+    assert torch.equal(got[0], got[1])
+
+
 @needs_c
 def test_c_attention_refuses_shapes_it_cannot_take():
     qkv, k, v, allowed = case(1, 2, 4, 4, 2, 16, cap=8)

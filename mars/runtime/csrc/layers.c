@@ -6,7 +6,7 @@
    pass (the lossless modes' AR check compares a row with itself in a 1-token pass):
    - score j = (q . k_j) * scale, the dot product in 16 lanes (lane l sums q[d] k_j[d] for d = l, l + 16, ...
      by fma, d ascending) added in a fixed tree (l + l+8, then + l+4, + l+2, + l+1): lane_tree. With AVX-512,
-     16 keys' lanes at once and the same tree as a transpose (reduce16); with AVX2, a key at a time.
+     16 keys' lanes at once and the same tree as a transpose (reduce16); with AVX2, 8 keys' (scores8).
    - p_j = exp_poly(score_j - max over the allowed keys), 0 for a key not allowed; the sum of the allowed
      keys' p in 16 lanes, the r-th allowed key in lane r mod 16, lanes added in order; out = (sum_j p_j v_j,
      j ascending by fma, keys not allowed skipped) * (1/sum).
@@ -94,6 +94,140 @@ ALWAYS_INLINE __m512 scores_block(const __m512 *qv, const float *k0, int64_t hd,
 }
 #endif
 
+#if !defined(ATT512) && defined(VL) && VL == 8
+#define ATT256 1
+#endif
+#define ATT_Q 2  /* queries per values call: 2 x 4 vectors = 8 independent fma chains */
+#if defined(ATT256)
+#define ATT_G 16  /* queries per work item in a wide pass (attend_probs8, attend_values): keys read once for 16 */
+#else
+#define ATT_G ATT_Q
+#endif
+
+#if defined(ATT256)
+/* lane_tree of 8 keys at once, in two halves of 4 keys (quad) so that a half's 8 fma chains and its part of the
+   tree fit the 16 registers. Key K's 16 lanes are dot_row's chains lo (lanes 0-7) and hi (8-15); the tree adds
+   lo + hi (distance 8), then the lanes at distance 4, 2 and 1, here for 2 to 4 keys side by side.
+   quad: keys K0..K3 (rows k0 + K hd; a K >= nk is no key: 0) down to distance 2: [K0: 2 | K2: 2 | K1: 2 | K3: 2]
+   (each pair b0 + b2, b1 + b3 of lane_tree's b). Called with constant hd and nk where it can be. */
+ALWAYS_INLINE __m256 quad(const float *q, const float *k0, int64_t hd, int64_t nk, int64_t K0, int64_t K1,
+                          int64_t K2, int64_t K3) {
+    const int64_t ks[4] = {K0, K1, K2, K3};
+    __m256 lo[4], hi[4], a[4];
+    for (int j = 0; j < 4; j++) lo[j] = hi[j] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < hd; d += 16) {
+        const __m256 ql = _mm256_loadu_ps(q + d), qh = _mm256_loadu_ps(q + d + 8);
+        for (int j = 0; j < 4; j++) {
+            if (ks[j] >= nk) continue;
+            lo[j] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(k0 + ks[j] * hd + d), lo[j]);
+            hi[j] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(k0 + ks[j] * hd + d + 8), hi[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) a[j] = _mm256_add_ps(lo[j], hi[j]);  /* distance 8 */
+    /* distance 4: [K0: 4 | K1: 4], [K2: 4 | K3: 4] */
+    const __m256 u0 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    const __m256 u1 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    return _mm256_add_ps(_mm256_shuffle_ps(u0, u1, 0x44), _mm256_shuffle_ps(u0, u1, 0xEE));  /* distance 2 */
+}
+
+/* 8 keys' scores from key row k0 on (nk <= 8 of them real, the rest 0), key j in lane j: the halves hold keys
+   0 4 1 5 and 2 6 3 7, so that distance 1 (of [A0 A2 B0 B2 | A1 A3 B1 B3]) lands them in order */
+ALWAYS_INLINE __m256 scores8(const float *q, const float *k0, int64_t hd, int64_t nk) {
+    __m256 ta, tb;
+    if (nk == 8 && hd == 64) {  /* the default model's */
+        ta = quad(q, k0, 64, 8, 0, 4, 1, 5);
+        tb = quad(q, k0, 64, 8, 2, 6, 3, 7);
+    } else if (nk == 8) {
+        ta = quad(q, k0, hd, 8, 0, 4, 1, 5);
+        tb = quad(q, k0, hd, 8, 2, 6, 3, 7);
+    } else {
+        ta = quad(q, k0, hd, nk, 0, 4, 1, 5);
+        tb = quad(q, k0, hd, nk, 2, 6, 3, 7);
+    }
+    return _mm256_add_ps(_mm256_shuffle_ps(ta, tb, 0x88), _mm256_shuffle_ps(ta, tb, 0xDD));  /* distance 1 */
+}
+
+/* the allow bytes of keys [j0, j0 + nk) (nk <= 8), side by side: 0 where none is allowed */
+static inline uint64_t bytes8(const uint8_t *al, int64_t nk) {
+    uint64_t bytes = 0;
+    if (nk == 8) memcpy(&bytes, al, 8);
+    else memcpy(&bytes, al, (size_t)nk);
+    return bytes;
+}
+
+/* bytes8 as lanes: all bits set where the key is allowed */
+static inline __m256 allowed8(uint64_t bytes) {
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes));
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(b, _mm256_setzero_si256()));
+}
+#endif
+
+#if defined(ATT256)
+/* The rest of one query's probabilities (the AVX2 branch of attend_probs, for attend_probs8): s holds its
+   scores over keys [0, T) (T rounded up to 8), mx their max over the allowed keys; s becomes the p, packed (T
+   rounded up to 16) the allowed keys' p side by side. Returns 1 / their sum, 0 where no key is allowed. */
+static float softmax8(float *s, int64_t T, const uint8_t *al, float mx, float *packed) {
+    if (mx == -INFINITY) return 0.0f;
+    const __m256 mv = _mm256_set1_ps(mx);
+    int64_t cnt = 0;
+    for (int64_t j0 = 0; j0 < T; j0 += 8) {
+        const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+        const uint64_t bytes = bytes8(al + j0, nk);
+        if (!bytes) continue;  /* s not written: its keys' p are never read */
+        const __m256 ok = allowed8(bytes);
+        const __m256 p = _mm256_and_ps(ok, vexp_poly(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mv)));
+        _mm256_storeu_ps(s + j0, p);
+        const int bits = _mm256_movemask_ps(ok);
+        if (bits == 0xFF) {
+            _mm256_storeu_ps(packed + cnt, p);
+            cnt += 8;
+        } else {
+            for (int64_t j = 0; j < nk; j++)
+                if (bits >> j & 1) packed[cnt++] = s[j0 + j];
+        }
+    }
+    /* the sum's 16 lanes: the tail's missing lanes add +0, no bit changes */
+    for (int64_t i = cnt; i < (cnt + 15) / 16 * 16; i++) packed[i] = 0.0f;
+    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    for (int64_t i0 = 0; i0 < cnt; i0 += 16) {
+        lo = _mm256_add_ps(lo, _mm256_loadu_ps(packed + i0));
+        hi = _mm256_add_ps(hi, _mm256_loadu_ps(packed + i0 + 8));
+    }
+    float lanes[16], total = 0.0f;
+    _mm256_storeu_ps(lanes, lo);
+    _mm256_storeu_ps(lanes + 8, hi);
+    for (int l = 0; l < 16; l++) total += lanes[l];
+    return 1.0f / total;
+}
+
+/* attend_probs for nq <= ATT_G queries over the same keys: each block of 8 keys is scored for every query in
+   turn while it sits in L1 (a wide pass's keys are read from L2 once per group, not once per query); each
+   query's own operations are those it has alone, on the blocks of 8 keys where it may see one. s[i]: query
+   i's p (T rounded up to 16; blocks it may not see are not written: never read), inv[i]: 1 / their sum. */
+static void attend_probs8(const float *const *q, int nq, const float *kc, int64_t T, int64_t hd,
+                          const uint8_t *const *al, float scale, float *const *s, float *packed, float *inv) {
+    const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 m[ATT_G];
+    for (int i = 0; i < nq; i++) m[i] = ninf;
+    for (int64_t j0 = 0; j0 < T; j0 += 8) {
+        const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+        for (int i = 0; i < nq; i++) {
+            const uint64_t bytes = bytes8(al[i] + j0, nk);
+            if (!bytes) continue;  /* none of these keys allowed: a causal window's later rows, the acceptance
+                                      lab's packed rows (~200 of ~2000 keys) */
+            const __m256 sc = _mm256_mul_ps(scores8(q[i], kc + j0 * hd, hd, nk), sv);
+            _mm256_storeu_ps(s[i] + j0, sc);
+            m[i] = _mm256_max_ps(m[i], _mm256_blendv_ps(ninf, sc, allowed8(bytes)));
+        }
+    }
+    for (int i = 0; i < nq; i++) {
+        const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m[i]), _mm256_extractf128_ps(m[i], 1));
+        const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        inv[i] = softmax8(s[i], T, al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
+    }
+}
+#endif
+
 /* One query's probabilities over keys [0, T) (row stride hd in kc), written to s (T rounded up to 16); returns
    1 / their sum, or 0 where no key is allowed (the output is then zeros). packed: scratch (T rounded up to 16),
    the allowed keys' p side by side for the sum. */
@@ -154,27 +288,77 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
     return 1.0f / total;
 }
 
-/* The weighted sums of nq queries sharing one head's values: out[i] = (sum_j p[i][j] v_j) * inv[i], keys j
-   ascending, each output its own chain of fmas (the queries only share the loads of v). */
-#define ATT_Q 2  /* queries per work item: 2 x 4 vectors = 8 independent fma chains */
+/* The weighted sums of nq <= ATT_G queries sharing one head's values: out[i] = (sum_j p[i][j] v_j) * inv[i],
+   keys j ascending, each output its own chain of fmas (the queries only share the loads of v). With more than
+   ATT_Q queries, in blocks of ATT_KB keys (a block's values stay in L1 for all the queries; the chains wait in
+   out between blocks, stored and loaded exactly), VQ queries at a time: the keys they may all see without a
+   test per key (values_dense), the keys only some may see by pairs, testing each (values_cols), the keys none
+   may see skipped. */
+#define ATT_KB 64
 #if defined(VL)
-/* columns [d0, d0 + nv VL) for nq queries; called with constant nq and nv so that acc stays in registers */
-ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, const float *vc, int64_t T,
-                               int64_t hd, const uint8_t *const *al, float *const *out, int64_t d0, int64_t nv) {
+/* columns [d0, d0 + nv VL) for nq <= ATT_Q queries, keys [j0, j1): from 0 where first, else from what out
+   holds; scaled by inv where last. dense: every key of the block allowed for every query (no test per key).
+   Called with constant nq, nv and dense so that acc stays in registers. */
+ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, const float *vc, int64_t j0,
+                               int64_t j1, int64_t hd, const uint8_t *const *al, float *const *out, int64_t d0,
+                               int64_t nv, int first, int last, int dense) {
     vf acc[ATT_Q][4];
     for (int i = 0; i < nq; i++)
-        for (int64_t v = 0; v < nv; v++) acc[i][v] = VZERO();
-    for (int64_t j = 0; j < T; j++) {
+        for (int64_t v = 0; v < nv; v++) acc[i][v] = first ? VZERO() : VLOAD(out[i] + d0 + v * VL);
+    for (int64_t j = j0; j < j1; j++) {
         const float *vr = vc + j * hd + d0;
         for (int i = 0; i < nq; i++) {
-            if (!al[i][j]) continue;
+            if (!dense && !al[i][j]) continue;
             const vf pj = VSET1(p[i][j]);
             for (int64_t v = 0; v < nv; v++) acc[i][v] = VFMA(pj, VLOAD(vr + v * VL), acc[i][v]);
         }
     }
     for (int i = 0; i < nq; i++) {
         const vf iv = VSET1(inv[i]);
-        for (int64_t v = 0; v < nv; v++) VSTORE(out[i] + d0 + v * VL, VMUL(acc[i][v], iv));
+        for (int64_t v = 0; v < nv; v++) VSTORE(out[i] + d0 + v * VL, last ? VMUL(acc[i][v], iv) : acc[i][v]);
+    }
+}
+#endif
+
+#if defined(VL)
+#define VQ 6  /* values_dense: 6 queries x 2 vectors = 12 fma chains, each v loaded once for 6 (measured on an */
+#define VV 2  /* AVX2 EPYC, 64 rows x 200 keys: a few % faster than 2 x 4, 3 x 4, 4 x 2 or 8 x 1) */
+/* keys [j0, j1) that every one of nq queries may see, columns [d0, d0 + nv VL): values_cols without the tests,
+   from what out holds and back to it */
+ALWAYS_INLINE void values_dense(const float *const *p, int nq, const float *vc, int64_t j0, int64_t j1,
+                                int64_t hd, float *const *out, int64_t d0, int64_t nv) {
+    vf acc[VQ][VV];
+    for (int i = 0; i < nq; i++)
+        for (int64_t v = 0; v < nv; v++) acc[i][v] = VLOAD(out[i] + d0 + v * VL);
+    for (int64_t j = j0; j < j1; j++) {
+        const float *vr = vc + j * hd + d0;
+        vf x[VV];
+        for (int64_t v = 0; v < nv; v++) x[v] = VLOAD(vr + v * VL);
+        for (int i = 0; i < nq; i++) {
+            const vf pj = VSET1(p[i][j]);
+            for (int64_t v = 0; v < nv; v++) acc[i][v] = VFMA(pj, x[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < nq; i++)
+        for (int64_t v = 0; v < nv; v++) VSTORE(out[i] + d0 + v * VL, acc[i][v]);
+}
+
+/* values_cols over keys [j0, j1) by pairs of queries, all columns, from what out holds and back to it */
+static void values_pairs(const float *const *p, const float *inv, int nq, const float *vc, int64_t j0, int64_t j1,
+                         int64_t hd, const uint8_t *const *al, float *const *out, int dense) {
+    for (int i = 0; i < nq; i += ATT_Q) {
+        const int n2 = nq - i < ATT_Q ? nq - i : ATT_Q;
+        for (int64_t d0 = 0; d0 < hd; d0 += 4 * VL) {
+            const int64_t nv = (hd - d0) / VL < 4 ? (hd - d0) / VL : 4;
+            if (nv == 4 && n2 == 2 && dense)
+                values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, 0, 0, 1);
+            else if (nv == 4 && n2 == 2)
+                values_cols(p + i, inv + i, 2, vc, j0, j1, hd, al + i, out + i, d0, 4, 0, 0, 0);
+            else if (nv == 4 && n2 == 1)
+                values_cols(p + i, inv + i, 1, vc, j0, j1, hd, al + i, out + i, d0, 4, 0, 0, 0);
+            else
+                values_cols(p + i, inv + i, n2, vc, j0, j1, hd, al + i, out + i, d0, nv, 0, 0, 0);
+        }
     }
 }
 #endif
@@ -182,12 +366,57 @@ ALWAYS_INLINE void values_cols(const float *const *p, const float *inv, int nq, 
 static void attend_values(const float *const *p, const float *inv, int nq, const float *vc, int64_t T, int64_t hd,
                           const uint8_t *const *al, float *const *out) {
 #if defined(VL)
-    if (hd % VL == 0) {
+    if (hd % VL == 0 && nq <= ATT_Q) {  /* every key at once (always so in the AVX-512 build) */
         for (int64_t d0 = 0; d0 < hd; d0 += 4 * VL) {
             const int64_t nv = (hd - d0) / VL < 4 ? (hd - d0) / VL : 4;
-            if (nv == 4 && nq == 2) values_cols(p, inv, 2, vc, T, hd, al, out, d0, 4);
-            else if (nv == 4 && nq == 1) values_cols(p, inv, 1, vc, T, hd, al, out, d0, 4);
-            else values_cols(p, inv, nq, vc, T, hd, al, out, d0, nv);
+            if (nv == 4 && nq == 2) values_cols(p, inv, 2, vc, 0, T, hd, al, out, d0, 4, 1, 1, 0);
+            else if (nv == 4 && nq == 1) values_cols(p, inv, 1, vc, 0, T, hd, al, out, d0, 4, 1, 1, 0);
+            else values_cols(p, inv, nq, vc, 0, T, hd, al, out, d0, nv, 1, 1, 0);
+        }
+        return;
+    }
+    if (hd % VL == 0) {  /* blocks of ATT_KB keys; VQ queries at a time */
+        for (int i = 0; i < nq; i++) memset(out[i], 0, (size_t)hd * 4);
+        for (int64_t j0 = 0; j0 < T; j0 += ATT_KB) {
+            const int64_t j1 = T - j0 < ATT_KB ? T : j0 + ATT_KB;
+            for (int i0 = 0; i0 < nq; i0 += VQ) {
+                const int nc = nq - i0 < VQ ? nq - i0 : VQ;
+                /* keys [js, jd): every query of these may see them; [jd, je): some may (a causal window's, a
+                   sparse mask's); none outside [js, je) */
+                int64_t js = j1, jd = j1, je = j0;
+                for (int k = 0; k < nc; k++) {
+                    const uint8_t *a = al[i0 + k];
+                    int64_t f = j0, e = j1;
+                    while (f < j1 && !a[f]) f++;
+                    while (e > f && !a[e - 1]) e--;
+                    js = f < js ? f : js;
+                    je = e > je ? e : je;
+                }
+                if (je <= js) continue;
+                for (int k = 0; k < nc; k++) {
+                    const uint8_t *a = al[i0 + k], *z = (const uint8_t *)memchr(a + js, 0, (size_t)(j1 - js));
+                    jd = z && z - a < jd ? z - a : jd;
+                }
+                if (jd > js && hd % (VV * VL) == 0)
+                    for (int64_t d0 = 0; d0 < hd; d0 += VV * VL)
+                        switch (nc) {  /* constant counts: acc in registers */
+                            case 6: values_dense(p + i0, 6, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 5: values_dense(p + i0, 5, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 4: values_dense(p + i0, 4, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 3: values_dense(p + i0, 3, vc, js, jd, hd, out + i0, d0, VV); break;
+                            case 2: values_dense(p + i0, 2, vc, js, jd, hd, out + i0, d0, VV); break;
+                            default: values_dense(p + i0, 1, vc, js, jd, hd, out + i0, d0, VV);
+                        }
+                else if (jd > js)
+                    values_pairs(p + i0, inv + i0, nc, vc, js, jd, hd, al + i0, out + i0, 1);
+                else
+                    jd = js;
+                if (je > jd) values_pairs(p + i0, inv + i0, nc, vc, jd, je, hd, al + i0, out + i0, 0);
+            }
+        }
+        for (int i = 0; i < nq; i++) {
+            const vf iv = VSET1(inv[i]);
+            for (int64_t d0 = 0; d0 < hd; d0 += VL) VSTORE(out[i] + d0, VMUL(VLOAD(out[i] + d0), iv));
         }
         return;
     }
@@ -232,11 +461,8 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         const int64_t bi = r / W, i = r % W;
         for (int64_t hh = 0; hh < H + KV; hh++) {
             float *x = row + hh * hd, tmp[MARS_MAX_HEAD_DIM];
-            for (int64_t d = 0; d < hd; d++) {
-                const float rot = x[d < half ? d + half : d - half];
-                const float a = x[d] * c[d], bb = rot * sn[d];
-                tmp[d] = a + bb;
-            }
+            for (int64_t d = 0; d < half; d++) tmp[d] = x[d] * c[d] + x[d + half] * sn[d];  /* two loops, */
+            for (int64_t d = half; d < hd; d++) tmp[d] = x[d] * c[d] + x[d - half] * sn[d];  /* vectorized */
             memcpy(x, tmp, (size_t)hd * 4);
         }
         for (int64_t g = 0; g < KV; g++) {
@@ -246,29 +472,45 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         }
     }
     /* work items: per batch row and KV head, its rep x W queries (the query heads that share its keys, every
-       row of the window) by ATT_Q: the values' loads are shared, and 2 threads split even a 1-token pass */
+       row of the window) by G: the keys' and values' loads are shared (attend_probs8, attend_values); G as
+       large as leaves 8 items per thread, so that the threads' shares are even, and 2 threads split even a
+       1-token pass. A query's result does not depend on G. */
     const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t rep = H / KV, nq = rep * W, per = (nq + ATT_Q - 1) / ATT_Q, items = b * KV * per;
-    const int64_t Tp = (T + 15) / 16 * 16;
+    const int64_t rep = H / KV, nq = rep * W, Tp = (T + 15) / 16 * 16;
+#if defined(_OPENMP)
+    const int64_t threads = omp_get_max_threads();
+#else
+    const int64_t threads = 1;
+#endif
+    int64_t G = ATT_G;
+    while (G > ATT_Q && b * KV * ((nq + G - 1) / G) < 8 * threads) G /= 2;
+    const int64_t per = (nq + G - 1) / G, items = b * KV * per;
     int failed = 0;
     #pragma omp parallel for schedule(static) if (items > 1)
     for (int64_t it = 0; it < items; it++) {
-        const int64_t bi = it / (KV * per), g = (it / per) % KV, q0 = (it % per) * ATT_Q;
-        const int nk = (int)(nq - q0 < ATT_Q ? nq - q0 : ATT_Q);
-        float *buf = att_scratch((ATT_Q + 1) * Tp);  /* each query's p, then the packed sum's scratch */
+        const int64_t bi = it / (KV * per), g = (it / per) % KV, q0 = (it % per) * G;
+        const int nk = (int)(nq - q0 < G ? nq - q0 : G);
+        float *buf = att_scratch((G + 1) * Tp);  /* each query's p, then the packed sum's scratch */
         if (!buf) { failed = 1; continue; }
         const int64_t base = (bi * KV + g) * cap * hd;
-        const float *pr[ATT_Q];
-        const uint8_t *alr[ATT_Q];
-        float inv[ATT_Q], *outr[ATT_Q];
+        const float *pr[ATT_G], *qr[ATT_G];
+        float *sr[ATT_G];
+        const uint8_t *alr[ATT_G];
+        float inv[ATT_G], *outr[ATT_G];
         for (int k = 0; k < nk; k++) {
             const int64_t qi = q0 + k, i = qi / rep, h = g * rep + qi % rep, r = bi * W + i;
-            float *s = buf + k * Tp;
+            pr[k] = sr[k] = buf + k * Tp;
+            qr[k] = qkv + r * F + h * hd;
             alr[k] = allowed + r * T;
-            inv[k] = attend_probs(qkv + r * F + h * hd, kc + base, T, hd, alr[k], scale, s, buf + ATT_Q * Tp);
-            pr[k] = s;
             outr[k] = out + r * H * hd + h * hd;
         }
+#if defined(ATT256)
+        if (hd % 16 == 0)
+            attend_probs8(qr, nk, kc + base, T, hd, alr, scale, sr, buf + G * Tp, inv);
+        else
+#endif
+        for (int k = 0; k < nk; k++)
+            inv[k] = attend_probs(qr[k], kc + base, T, hd, alr[k], scale, sr[k], buf + G * Tp);
         attend_values(pr, inv, nk, vc + base, T, hd, alr, outr);
     }
     return failed;
