@@ -572,6 +572,7 @@ def test_queued_visitors_see_their_place_in_the_queue_on_the_stats_tiles(lm):
 # --------------------------------------------------------------------------------------------- memory
 
 
+@pytest.mark.slow  # ~30-60 s on a quiet 2-core machine: the default run stays under ~15 min
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
 def test_memory_stays_flat_over_50_runs(ui, tmp_path, monkeypatch):
     import tempfile

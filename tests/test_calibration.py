@@ -138,6 +138,7 @@ def test_fit_temperatures_minimises_the_nll_per_mask_index(tiny_lm):
     assert sum(fit["drafts"]) == sum(before.count_by_distance.values())
 
 
+@pytest.mark.slow  # ~30-60 s on a quiet 2-core machine: the default run stays under ~15 min
 def test_calibrate_cli_writes_a_calibrated_copy_that_loads(tiny_dir, tmp_path):
     from mars.models.loading import load
     from test_cli_train import _data, run_cli, train_args

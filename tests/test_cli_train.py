@@ -174,6 +174,7 @@ def test_train_full_finetune_writes_a_loadable_model(tiny_dir, tmp_path):
     assert lm.trained_block_size == 4 and lm.mask_token == "<|mask|>"
 
 
+@pytest.mark.slow  # ~30-60 s on a quiet 2-core machine: the default run stays under ~15 min
 def test_train_runs_under_accelerate_launch_with_two_processes(tiny_dir, tmp_path):
     data = _data(tmp_path / "d.jsonl")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
@@ -199,6 +200,7 @@ def test_eval_default_data_files_are_in_the_repo():
         assert (ROOT / path).is_file(), path
 
 
+@pytest.mark.slow  # ~30-60 s on a quiet 2-core machine: the default run stays under ~15 min
 def test_train_with_shifted_grids_two_noisy_copies_and_sequence_weighting(tiny_dir, tmp_path):
     """Issue 13 items 2-3 as options: the run trains, records them, and resumes to the straight run's
     weights (the offsets are a function of seed, epoch and example index, not of how far the run got)."""
@@ -254,6 +256,7 @@ def test_snapshot_choice_rule():
     assert kept == [1, 3, 5]  # 40 drafts at 87.5% right never qualifies; a tie keeps the earlier one
 
 
+@pytest.mark.slow  # ~30-60 s on a quiet 2-core machine: the default run stays under ~15 min
 def test_train_selects_a_snapshot_by_teacher_forced_precision(tiny_dir, tmp_path):
     data = _data(tmp_path / "d.jsonl")
     sel = ("--select-data", str(data), "--select-limit", "3", "--save-every", "1")
@@ -289,6 +292,7 @@ def test_train_selects_a_snapshot_by_teacher_forced_precision(tiny_dir, tmp_path
     assert (tmp_path / "t" / "best").is_dir() == (best is not None)
 
 
+@pytest.mark.slow  # ~30-60 s on a quiet 2-core machine: the default run stays under ~15 min
 def test_train_reads_several_data_files_as_one_set(tiny_dir, tmp_path):
     """--data a b: one epoch covers both files (the fresh-prompt arm trains on template + model-written data)."""
     one, two = _data(tmp_path / "a.jsonl"), _data(tmp_path / "b.jsonl")
