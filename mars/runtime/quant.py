@@ -8,6 +8,8 @@ the rows (a row's output would depend on the other rows of its pass: batch != al
 
 The rule, per Linear (q|k|v and gate|up fused, as in the packed float layout), one int8 row per token:
     W_q = round(W / s_w) in [-WEIGHT_MAX, WEIGHT_MAX]   s_w = max|W[o, :]| / WEIGHT_MAX   (per output channel)
+          (a model's FastLM rounds with error feedback on calibration text instead of to the nearest point:
+          mars.runtime.int8_weights; the grid and the kernels are the same)
     O   = the OUTLIERS columns of largest |x[r, j]|      (per row, each pass: LLM.int8()'s decomposition)
     x_q = round(x / s_x) in [-127, 127], 0 on O          s_x = max_{j not in O} |x[r, j]| / 127
     y   = (x_q @ W_q.T * s_x + sum_{j in O} x[r, j] * W_q[:, j]) * s_w  (+ bias)
@@ -126,7 +128,10 @@ class Int8Linear(Linear):
     model's widths), then tensor ops. Both int8 copies are kept (the plain one for the tensor ops: the int8
     weights' bytes twice, still half of float32's)."""
 
-    def __init__(self, mods: list, lora: tuple | None = None):
+    def __init__(self, mods: list, lora: tuple | None = None, qweight: torch.Tensor | None = None):
+        """qweight: the fused weights already rounded on quantize_weight's grid (int8 (out, in), |W_q| <=
+        WEIGHT_MAX: mars.runtime.int8_weights rounds them with error feedback), or None: each weight rounded to
+        its nearest grid point here."""
         if mods[0].weight.device.type != "cpu":  # CUDA's _int_mm wants > 16 rows: no use for decoding
             raise ValueError("backend 'fast-int8' runs on a CPU only; use 'auto' (or 'fast') on this device")
         w, self.bias = fuse(mods)  # (out, in): q|k|v or gate|up side by side, and their bias (or None)
@@ -139,7 +144,12 @@ class Int8Linear(Linear):
         self.out_features = w.shape[0]
         self.in_features = w.shape[1]
         self.dtype = torch.int8
-        qweight, scale = quantize_weight(w)
+        nearest, scale = quantize_weight(w)
+        if qweight is None:
+            qweight = nearest
+        elif qweight.dtype != torch.int8 or qweight.shape != w.shape or int(qweight.short().abs().max()) > WEIGHT_MAX:
+            raise ValueError(f"rounded weights must be int8 {tuple(w.shape)} with |W_q| <= {WEIGHT_MAX}, got "
+                             f"{qweight.dtype} {tuple(qweight.shape)}")
         self.scale = scale.to(dtype)
         self.scale32 = scale  # float32, for the C rescale
         self.bias32 = None if self.bias is None else self.bias.float().contiguous()
