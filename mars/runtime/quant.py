@@ -25,7 +25,9 @@ per-channel migration (arXiv 2211.10438) only reached 0.050 (alpha 0.5; higher a
 weights taking the range); two int8 rows per token (the value and the residual of its rounding, ~16 bits:
 this module before) 0.0155, at twice the integer work. `benchmarks/int8_quality.py` (greedy text's NLL under
 float32 over float32 greedy's, 20 held-out prompts): one 8-bit row 1.055x (the bar is 1.03x); two rows
-0.940x; one row and 8 outliers 0.960x (16 outliers: 0.940x, not worth their cost).
+0.940x; one row and 8 outliers 0.960x (16 outliers: 0.940x, not worth their cost). Most of what was left
+was the weights' rounding, not the rows': rounded with error feedback (mars.runtime.int8_weights) the same
+format gave 0.869x and known answers 9/20 (float32 8/20), 30/80 (float32 28/80).
 
 Which kernels (2 threads, the default model):
   - the C product (mars.runtime.kernels: AVX-512 VNNI, AVX2 or AMX instructions on weights blocked by output
