@@ -259,9 +259,11 @@ def test_the_whole_pass_c_loop_equals_the_per_layer_path(tmp_path, tiny_dir, mon
 @needs_c
 def test_the_c_layers_can_be_switched_off_and_agree_with_the_tensor_ops(env):
     lm = tiny.make_loaded("qwen2", seed=4, dtype=torch.float32)  # q, k, v biases
-    c = FastLM(lm.model, torch.int8)
+    # nearest rounding: with the error-feedback weights one row of this random model sits at an 8-bit rounding
+    # tie that SDPA's sum order moves (rel. 2e-3); the weights are the same either way (tests/test_rounding.py)
+    c = FastLM(lm.model, torch.int8, calibrate=False)
     env.set("MARS_C_LAYERS", "0")
-    t = FastLM(lm.model, torch.int8)
+    t = FastLM(lm.model, torch.int8, calibrate=False)
     assert c.c_layers is not None and t.c_layers is None
     for a, b in zip(passes(c, lm.mask_token_id)[0], passes(t, lm.mask_token_id)[0]):
         # SDPA sums in another order, and a last-bit change can move an 8-bit rounding of the next matrix's rows

@@ -70,31 +70,33 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = None):
-    """The matrix class for this weight dtype: int8 runs mars.runtime.quant's kernel, the rest `Linear`."""
+def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = None, qweight=None):
+    """The matrix class for this weight dtype: int8 runs mars.runtime.quant's kernel, the rest `Linear`.
+    qweight: int8 only, its rounded weights (mars.runtime.int8_weights), or None: rounded to nearest."""
     if wdtype == torch.int8:
         from mars.runtime.quant import Int8Linear  # loaded on first use: int8 builds the C kernels
 
-        return Int8Linear(mods, lora)
+        return Int8Linear(mods, lora, qweight)
     return Linear(mods, layout, wdtype, lora)
 
 
 class _Layer:
-    def __init__(self, layer, layout: str, wdtype: torch.dtype, gated=None, names: dict | None = None):
+    def __init__(self, layer, layout: str, wdtype: torch.dtype, gated=None, names: dict | None = None,
+                 rounded: dict | None = None, index: int = 0):
         a, m = layer.self_attn, layer.mlp
 
-        def lin(mods):  # fused Linear, with the gated adapter's deltas of these modules when there is one
+        def lin(mods, group):  # fused Linear, with the gated adapter's deltas of these modules when there is one
             lora = gated.fused({names[mod]: mod for mod in mods}) if gated is not None else None
-            return _matrix(mods, layout, wdtype, lora)
+            return _matrix(mods, layout, wdtype, lora, None if rounded is None else rounded[f"{index}.{group}"])
 
         self.ln1 = layer.input_layernorm.weight.detach()  # shared with the model, not copied
         self.ln2 = layer.post_attention_layernorm.weight.detach()
         self.eps1 = layer.input_layernorm.variance_epsilon
         self.eps2 = layer.post_attention_layernorm.variance_epsilon
-        self.qkv = lin([a.q_proj, a.k_proj, a.v_proj])
-        self.o = lin([a.o_proj])
-        self.gate_up = lin([m.gate_proj, m.up_proj])
-        self.down = lin([m.down_proj])
+        self.qkv = lin([a.q_proj, a.k_proj, a.v_proj], "qkv")
+        self.o = lin([a.o_proj], "o")
+        self.gate_up = lin([m.gate_proj, m.up_proj], "gate_up")
+        self.down = lin([m.down_proj], "down")
 
 
 class KVCache:
@@ -145,7 +147,7 @@ class FastLM:
     """The lean forward over one transformers model's weights (see the module docstring)."""
 
     def __init__(self, model, weight_dtype: torch.dtype | None = None, layout: str = "auto",
-                 c_layers: bool | None = None):
+                 c_layers: bool | None = None, calibrate: bool = True):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the fast path does not support this model: {reason}")
@@ -170,8 +172,16 @@ class FastLM:
         # a gated adapter (mars.models.gated) acts only at mask-token rows: kept apart, never merged
         self.gated = getattr(model, "_mars_gated", None)
         names = {mod: name for name, mod in model.named_modules()} if self.gated is not None else None
-        self.layers = [_Layer(layer, layout, self.weight_dtype, self.gated, names) for layer in inner.layers]
-        self.head = _matrix([model.lm_head], layout, self.weight_dtype)
+        # int8: the weights rounded with error feedback on the model's own calibration text, cached on disk
+        # (mars.runtime.int8_weights); calibrate=False: each weight rounded to its nearest grid point
+        rounded = None
+        if self.weight_dtype == torch.int8 and calibrate:
+            from mars.runtime.int8_weights import rounded_weights
+
+            rounded = rounded_weights(model)
+        self.layers = [_Layer(layer, layout, self.weight_dtype, self.gated, names, rounded, i)
+                       for i, layer in enumerate(inner.layers)]
+        self.head = _matrix([model.lm_head], layout, self.weight_dtype, None, None if rounded is None else rounded["head"])
         self._rotary = inner.rotary_emb
         self._cos = self._sin = torch.empty(0)
         self.device = self.embed.device
@@ -331,7 +341,7 @@ def built(model, key: tuple, build):
 
 
 def fast_model(model, weight_dtype: torch.dtype | None = None, layout: str = "auto",
-               c_layers: bool | None = None) -> FastLM:
+               c_layers: bool | None = None, calibrate: bool = True) -> FastLM:
     """The FastLM of `model`, built once (it copies the matrices) and rebuilt when the weights change."""
-    key = (weight_dtype, layout, id(getattr(model, "_mars_gated", None)), c_layers)
-    return built(model, key, lambda: FastLM(model, weight_dtype, layout, c_layers))
+    key = (weight_dtype, layout, id(getattr(model, "_mars_gated", None)), c_layers, calibrate)
+    return built(model, key, lambda: FastLM(model, weight_dtype, layout, c_layers, calibrate))

@@ -8,6 +8,8 @@ the rows (a row's output would depend on the other rows of its pass: batch != al
 
 The rule, per Linear (q|k|v and gate|up fused, as in the packed float layout), one int8 row per token:
     W_q = round(W / s_w) in [-WEIGHT_MAX, WEIGHT_MAX]   s_w = max|W[o, :]| / WEIGHT_MAX   (per output channel)
+          (a model's FastLM rounds with error feedback on calibration text instead of to the nearest point:
+          mars.runtime.int8_weights; the grid and the kernels are the same)
     O   = the OUTLIERS columns of largest |x[r, j]|      (per row, each pass: LLM.int8()'s decomposition)
     x_q = round(x / s_x) in [-127, 127], 0 on O          s_x = max_{j not in O} |x[r, j]| / 127
     y   = (x_q @ W_q.T * s_x + sum_{j in O} x[r, j] * W_q[:, j]) * s_w  (+ bias)
@@ -23,7 +25,9 @@ per-channel migration (arXiv 2211.10438) only reached 0.050 (alpha 0.5; higher a
 weights taking the range); two int8 rows per token (the value and the residual of its rounding, ~16 bits:
 this module before) 0.0155, at twice the integer work. `benchmarks/int8_quality.py` (greedy text's NLL under
 float32 over float32 greedy's, 20 held-out prompts): one 8-bit row 1.055x (the bar is 1.03x); two rows
-0.940x; one row and 8 outliers 0.960x (16 outliers: 0.940x, not worth their cost).
+0.940x; one row and 8 outliers 0.960x (16 outliers: 0.940x, not worth their cost). Most of what was left
+was the weights' rounding, not the rows': rounded with error feedback (mars.runtime.int8_weights) the same
+format gave 0.869x and known answers 9/20 (float32 8/20), 30/80 (float32 28/80).
 
 Which kernels (2 threads, the default model):
   - the C product (mars.runtime.kernels: AVX-512 VNNI, AVX2 or AMX instructions on weights blocked by output
@@ -126,7 +130,10 @@ class Int8Linear(Linear):
     model's widths), then tensor ops. Both int8 copies are kept (the plain one for the tensor ops: the int8
     weights' bytes twice, still half of float32's)."""
 
-    def __init__(self, mods: list, lora: tuple | None = None):
+    def __init__(self, mods: list, lora: tuple | None = None, qweight: torch.Tensor | None = None):
+        """qweight: the fused weights already rounded on quantize_weight's grid (int8 (out, in), |W_q| <=
+        WEIGHT_MAX: mars.runtime.int8_weights rounds them with error feedback), or None: each weight rounded to
+        its nearest grid point here."""
         if mods[0].weight.device.type != "cpu":  # CUDA's _int_mm wants > 16 rows: no use for decoding
             raise ValueError("backend 'fast-int8' runs on a CPU only; use 'auto' (or 'fast') on this device")
         w, self.bias = fuse(mods)  # (out, in): q|k|v or gate|up side by side, and their bias (or None)
@@ -139,7 +146,12 @@ class Int8Linear(Linear):
         self.out_features = w.shape[0]
         self.in_features = w.shape[1]
         self.dtype = torch.int8
-        qweight, scale = quantize_weight(w)
+        nearest, scale = quantize_weight(w)
+        if qweight is None:
+            qweight = nearest
+        elif qweight.dtype != torch.int8 or qweight.shape != w.shape or int(qweight.short().abs().max()) > WEIGHT_MAX:
+            raise ValueError(f"rounded weights must be int8 {tuple(w.shape)} with |W_q| <= {WEIGHT_MAX}, got "
+                             f"{qweight.dtype} {tuple(qweight.shape)}")
         self.scale = scale.to(dtype)
         self.scale32 = scale  # float32, for the C rescale
         self.bias32 = None if self.bias is None else self.bias.float().contiguous()
