@@ -86,7 +86,11 @@ def _cpu_key() -> str:
 
 def compile_flags() -> list[str]:
     """The compiler flags the kernels are built with, OpenMP and MARS_C_FLAGS aside."""
-    return ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-fPIC", "-shared", *_arch_flags()]
+    # functions and loops on 64-byte lines: where the products' inner loops fell depended on what else the
+    # library held, and a change to the attention (layers.c, the same kernels.c) once made every product ~7%
+    # slower on a Zen 3 core until its loops were aligned (benchmarks/kernel_ab, docs/int8.md)
+    return ["-O3", "-ffp-contract=off", "-fno-trapping-math", "-falign-functions=64", "-falign-loops=64", "-fPIC",
+            "-shared", *_arch_flags()]
 
 
 def env_flags() -> list[str]:
