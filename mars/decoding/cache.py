@@ -44,9 +44,15 @@ class BlockCache:
             self.block_end += self.cache_block
         return self.block_end
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, local: torch.Tensor, keep: list[int]) -> torch.Tensor:
-        """One pass of windows (b, W) after the committed columns; logits (b, len(keep), V) of inputs `keep`."""
-        return self.runner.forward(ids, positions, pass_mask(self.key_ok, local), keep)
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, local: torch.Tensor, keep: list[int],
+                padding: torch.Tensor | None = None) -> torch.Tensor:
+        """One pass of windows (b, W) after the committed columns; logits (b, len(keep), V) of inputs `keep`.
+        padding: (b, W) bool, the inputs no row reads (never committed as keys), for a backend that can skip them
+        (`skips_padding`); their logits are then zeros."""
+        allowed = pass_mask(self.key_ok, local)
+        if padding is not None and getattr(self.runner, "skips_padding", False) and bool(padding.any()):
+            return self.runner.forward(ids, positions, allowed, keep, padding=padding)
+        return self.runner.forward(ids, positions, allowed, keep)
 
     def commit(self, starts: list[int], counts: list[int]) -> list[int]:
         """Keep, per row r, the KV of window inputs [starts[r], starts[r] + counts[r]) of the last pass (what it

@@ -346,7 +346,8 @@ def decode_steps(
         windows = [_window(r, p, lm.mask_token_id) for r, p in zip(live, plans)]
         ids, pos, local, starts = _stack_windows(windows, pad_id)
         keep = sorted({o + k for w, o in zip(windows, starts) for k in w.reads})
-        logits = cache.forward(ids, pos, local, keep)  # (b, len(keep), V) float32
+        padding = torch.arange(ids.shape[1])[None, :] < torch.tensor(starts)[:, None]  # (b, W): nobody reads these
+        logits = cache.forward(ids, pos, local, keep, padding)  # (b, len(keep), V) float32
         at = {k: j for j, k in enumerate(keep)}
 
         # 2. score and 3. accept, row by row
@@ -465,8 +466,8 @@ def _window(row: _Row, plan: RowPlan | None, mask_id: int | None) -> _RowWindow:
 def _stack_windows(windows: list[_RowWindow], pad_id: int):
     """The rows' windows right-aligned in a common width W: ids, positions (b, W), masks (b, W, W), and each
     row's first column. Right-aligned, the rows' last real tokens and masks share columns (a MARS pass reads
-    the last B of every row), so the logits kept are few, and the left padding (a query that sees only itself,
-    and is no key nor read) is what the fast backend skips."""
+    the last B of every row), so the logits kept are few; the left padding is what the fast backend skips
+    (BlockCache.forward's `padding`)."""
     W = max(len(w.tokens) for w in windows)
     b = len(windows)
     starts = [W - len(w.tokens) for w in windows]
