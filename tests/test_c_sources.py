@@ -51,7 +51,7 @@ def test_each_source_compiles_alone_with_warnings_as_errors(isa, tmp_path):
 def test_header_gives_the_limits_and_every_prototype():
     assert ck.MAX_C_ROWS == 64 and ck.OUTLIERS == 8 and ck.MAX_LORA_COLUMNS == 256 and ck.LORA_BLOCK == 16 and ck.PAD == 64
     f = ck.HEADER.functions
-    assert f["mars_layers"][0] is ctypes.c_int and len(f["mars_layers"][1]) == 20
+    assert f["mars_layers"][0] is ctypes.c_int and len(f["mars_layers"][1]) == 22
     assert f["mars_rmsnorm_quant"][1][4] is ctypes.c_float  # eps by value, not a pointer
     assert f["mars_block"] == (ctypes.c_int, []) and f["mars_quant_rows"][0] is None
     assert [n for n, _ in ck.HEADER.structs["layer_c"]._fields_] == ["ln1", "ln2", "eps1", "eps2", "qkv", "o", "gu",

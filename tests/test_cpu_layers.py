@@ -284,3 +284,74 @@ def test_lossless_modes_on_the_c_layers_equal_int8_greedy():
                 DecodeConfig(mode="verified", tau=0.0, block_size=4, drafts="both", **kw),
                 DecodeConfig(mode="verified", tau=0.0, block_size=8, **kw)):
         assert [r.token_ids for r in generate_ids(lm, ids, cfg)] == ar, cfg.mode
+
+
+def padded_pass(f: FastLM, mask_id: int, skip: bool):
+    """A 3-row prompt pass, then a pass of right-aligned windows of 5, 2 and 0 inputs (a real token, then masks)
+    as the decoder lays a batch out, reading the last 2 columns; `skip`: with its padding named."""
+    from mars.decoding.masks import pass_mask
+
+    g = torch.Generator().manual_seed(0)
+    P, W, lens = 9, 5, [5, 2, 0]
+    cache = f.new_cache(3, 32)
+    f.forward(torch.randint(5, 60, (3, P), generator=g), torch.arange(P).expand(3, P),
+              torch.ones(3, P, P, dtype=torch.bool).tril(), torch.arange(P), cache)
+    starts = torch.tensor([W - n for n in lens])
+    pad = torch.arange(W)[None] < starts[:, None]  # (3, W)
+    ids = torch.full((3, W), mask_id)
+    local = torch.zeros(3, W, W, dtype=torch.bool)
+    for r, n in enumerate(lens):
+        if n:
+            ids[r, W - n] = int(torch.randint(5, 60, (1,), generator=g))
+            local[r, W - n:, W - n:] = torch.ones(n, n, dtype=torch.bool).tril()
+    pos = (P + torch.arange(W)[None] - starts[:, None]).clamp(min=0)
+    allowed = pass_mask(torch.ones(3, P, dtype=torch.bool), local)
+    out = f.forward(ids, pos, allowed, torch.tensor([3, 4]), cache, pad if skip else None)
+    return out, cache, pad
+
+
+@needs_c
+def test_a_batch_pass_computes_only_what_is_read_with_the_same_bits(tmp_path, tiny_dir, monkeypatch):
+    """FastLM.forward with `padding`: the C layers run only the inputs someone reads, in one call, and give each of
+    them (its logits, its KV) the bits of the whole pass; the padding's logits are zeros."""
+    lm = gated_tiny(tmp_path, tiny_dir)
+    f = FastLM(lm.model, torch.int8)
+    calls, real = [], f.c_layers.layers
+
+    def spy(x, *args):
+        calls.append(x.shape[0] if x.dim() == 2 else x.shape[0] * x.shape[1])  # rows computed
+        return real(x, *args)
+
+    monkeypatch.setattr(f.c_layers, "layers", spy)
+    a, ca, pad = padded_pass(f, lm.mask_token_id, skip=True)
+    b, cb, _ = padded_pass(f, lm.mask_token_id, skip=False)
+    assert calls == [27, 7, 27, 15]  # the second pass: 5 + 2 + 0 rows, not 3 x 5
+    read = ~pad[:, 3:]  # (3, 2): the kept columns that are not padding
+    assert torch.equal(a[read], b[read]) and bool((a[~read] == 0).all())
+    assert not bool((b[~read] == 0).all())  # computed in full, the padding's logits are something else
+    for r in range(3):
+        cols = [c for c in range(9 + 5) if c < 9 or not pad[r, c - 9]]
+        assert torch.equal(ca.k[:, r, :, cols], cb.k[:, r, :, cols]) and torch.equal(ca.v[:, r, :, cols], cb.v[:, r, :, cols])
+
+
+@needs_c
+def test_an_int8_batch_on_the_c_layers_equals_each_row_alone(monkeypatch):
+    """MARS at tau 0.3 on the C layers: rows accept different counts, so a batch's windows have padding (skipped)
+    and its cache holes; every row's tokens and passes are still those of the row alone."""
+    skipped, real = [], FastLM._c_forward_rows
+
+    def spy(self, x, *args):
+        skipped.append(x.shape[0] * x.shape[1] - args[-2].numel())
+        return real(self, x, *args)
+
+    monkeypatch.setattr(FastLM, "_c_forward_rows", spy)
+    lm = tiny.make_loaded("llama", seed=4, dtype=torch.float32)
+    prompts = ["what is the capital of france ?", "tell me a word", "write a long sentence about the water", "add 2"]
+    ids = [encode_prompt(lm.tokenizer, p) for p in prompts]
+    cfg = DecodeConfig(mode="mars", tau=0.3, block_size=4, max_new_tokens=24, backend="fast-int8", cache_block=8)
+    batch = generate_ids(lm, ids, cfg)
+    assert len({tuple(len(s.token_ids) for s in r.steps) for r in batch}) > 1  # the rows took different steps
+    assert len(skipped) > 3 and all(n > 0 for n in skipped)  # passes with padding, not computed
+    for p, res in zip(ids, batch):
+        alone = generate_ids(lm, [p], cfg)[0]
+        assert res.token_ids == alone.token_ids and res.passes == alone.passes

@@ -66,26 +66,33 @@ class _StubRunner:
 def _cache(use_cache=True):
     lm = tiny.make_loaded("llama", seed=8)
     runner = make_backend(lm.model, "hf", 2, 32, use_cache)
-    cache = BlockCache(runner, prompt_len=5, pads=[0, 2], cache_block=4, use_cache=use_cache)
+    cache = BlockCache(runner, prompt_len=5, rows=2, cache_block=4, use_cache=use_cache)
     cache.runner = _StubRunner()
     return cache
 
 
-def test_cache_commits_what_every_row_computed_from_real_inputs():
+def test_cache_commits_what_each_row_computed_from_real_inputs():
     cache = _cache()
     assert cache.next_block([5, 5]) == 9 and cache.next_block([9, 12]) == 13  # moves once every row is there
-    cache.commit(valid=[7, 9], frontiers=[8, 9])  # row 0's KV is real up to column 7, its last token is at 7
-    assert cache.length == 7 and cache.runner.calls == [("truncate", 7)]
-    assert cache.key_ok.tolist() == [[True] * 7, [False, False] + [True] * 5]  # left padding is never a key
-    cache.commit(valid=[10, 9], frontiers=[11, 9])  # row 1 keeps its last token (column 8) to feed next pass
+    # a prompt pass: row 1's 3-token prompt right-aligned after 2 columns of padding, 4 and 2 tokens kept
+    assert cache.commit(starts=[0, 2], counts=[4, 2]) == [4, 2]
+    assert cache.length == 4 and cache.runner.calls == [("truncate", 4)]
+    assert cache.key_ok.tolist() == [[True] * 4, [False, False, True, True]]  # padding is never a key
+    # row 0 keeps 1 token, row 1 (window right-aligned at column 1 of the pass) keeps 3: the cache grows by 4,
+    # and row 0's other 3 columns are holes
+    assert cache.commit(starts=[0, 1], counts=[1, 3]) == [1, 3]
+    assert cache.length == 8 and cache.runner.calls[-1] == ("truncate", 8)
+    assert cache.key_ok[:, 4:].tolist() == [[True, False, False, False], [False, True, True, True]]
+    cache.commit(starts=[3, 0], counts=[0, 0])  # nothing kept: the pass's columns all dropped
     assert cache.length == 8
     cache.select([1])
-    assert cache.pads == [2] and cache.key_ok.shape == (1, 8) and cache.runner.calls[-1] == ("select", [1])
+    assert cache.key_ok.tolist() == [[False, False, True, True, False, True, True, True]]
+    assert cache.runner.calls[-1] == ("select", [1])
 
 
 def test_uncached_runs_commit_nothing():
     cache = _cache(use_cache=False)
-    cache.commit(valid=[7, 9], frontiers=[8, 9])
+    assert cache.commit(starts=[0, 2], counts=[4, 2]) == [0, 0]
     assert cache.length == 0 and cache.runner.calls == [("truncate", 0)]
 
 

@@ -39,12 +39,12 @@ def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds:
     from mars.runtime.backends import make_backend  # what runs the model: the decoder's own default
 
     runner = make_backend(lm.model, backend, 1, context + max(widths) + 1)
-    cache = BlockCache(runner, context, [0], context, True)
+    cache = BlockCache(runner, context, 1, context, True)
     with torch.inference_mode():
         n = context
         cache.forward(torch.tensor([prompt]), torch.arange(n)[None], torch.ones(1, n, n, dtype=torch.bool).tril(),
                       [n - 1])
-        cache.commit([n], [n])  # the context's KV, all but its last token: every pass feeds that one first
+        cache.commit([0], [n - 1])  # the context's KV, all but its last token: every pass feeds that one first
         shapes = [(w, m) for w in widths for m in masks if w > 1 or not m]
         times: dict[tuple[int, bool], list[float]] = {shape: [] for shape in shapes}
         for r in range(rounds + 1):  # round 0 warms each width's kernels up and is not counted
@@ -56,7 +56,7 @@ def time_widths(lm, backend: str, widths: list[int], context: int = 128, rounds:
                 t0 = time.perf_counter()
                 cache.forward(torch.tensor([ids]), torch.arange(n - 1, n - 1 + w)[None], local, list(range(w)))
                 took = time.perf_counter() - t0
-                cache.commit([n], [n])  # drop the pass's KV: the next pass sees the same context
+                cache.commit([0], [0])  # drop the pass's KV: the next pass sees the same context
                 if r:
                     times[(w, mask)].append(took)
     return {shape: statistics.median(t) for shape, t in times.items()}

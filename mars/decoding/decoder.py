@@ -5,27 +5,29 @@ with a block-level KV cache.
 proposed tokens in that pass. Everything else (streaming to the app, whole runs for the CLI, the benchmark
 and the evaluation: `generate_ids`, `RunRecord`) is a thin wrapper over it.
 
-Layout. Prompts are left-padded to a common length P, so every row's tokens sit in shared columns:
-row r's i-th token is at column pad_r + i, its position id is i. The cache (mars/decoding/cache.py, `BlockCache`)
-holds the committed columns [0, C) of all rows. Row r's frontier F_r is the column after its last
-accepted token; columns [C, F_r) are accepted but not committed (their KV was computed from mask inputs,
-or by a row that has run ahead of the others).
+Layout. Row r's frontier F_r is its logical column: its left padding to the longest prompt P plus its
+tokens, the same in a batch as alone. The cache (mars/decoding/cache.py, `BlockCache`) holds, per row, the
+KV of the tokens it has committed (`_Row.n_cached`): their KV was computed from real inputs. Its other
+tokens (accepted from mask inputs, or the last one, fed again as the query) go into the next window.
 
 One pass, in `decode_steps`:
-  1. propose : each row's window (`_window`): its uncommitted tokens [C, F_r), then what its mode plans
+  1. propose : each row's window (`_window`): its uncommitted tokens, then what its mode plans
                (mars: B-1 masks; verified: the drafts as real tokens plus mask groups; jacobi: guesses;
-               ar: nothing), who sees whom given by mars.decoding.masks; one forward; the last real token's logits
-               give the AR token, mask j's the token j+1 further on.
+               ar: nothing), who sees whom given by mars.decoding.masks; the windows right-aligned in one
+               (b, W) input, one forward; the last real token's logits give the AR token, mask j's the token
+               j+1 further on.
   2. score   : the mode picks tokens and measures their confidence (mars.decoding.modes).
   3. accept  : mars: left to right while confidence >= tau (the first always); verified/jacobi: the
                prefix the AR logits confirm; then EOS, stop strings, limits (`_accept`).
-  4. commit  : the cache keeps the KV of columns every row computed from real inputs (its fed tokens,
-               plus drafts that were verified) and drops masks and the rest (`BlockCache.commit`).
-Batches: a row whose frontier has reached the current cache-block end E idles (feeds no masks, accepts
-nothing) until every row has reached E; then E moves on by `cache_block`. This bounds how far rows drift
-apart, and so the width of the forward input. Idling never changes a row's output: a row's next pass
-depends only on its own prefix, so a batch gives each row exactly the passes it would get alone.
-At batch 1, every pass commits all fed tokens: committed tokens are never recomputed.
+  4. commit  : each row keeps the KV of what it computed from real inputs (its fed tokens, plus drafts that
+               were verified), all but its last token, and drops masks and the rest (`BlockCache.commit`);
+               a row that keeps less than another leaves holes, columns that are never its keys.
+Batches: a row whose frontier has reached the current cache-block end E idles (feeds its uncommitted tokens
+but the last, accepts nothing) until every row has reached E; then E moves on by `cache_block`. Idling never
+changes a row's output: a row's next pass depends only on its own prefix, so a batch gives each row exactly
+the passes it would get alone. A row's window holds only its own uncommitted tokens and plan, however far
+the other rows are: the right-aligned windows' left padding is input the fast backend does not compute
+(mars.runtime.fastpath), and committed tokens are never fed again.
 
 `cache_block` plays the role of the paper's Bcache (rows wait for each other at cache-block ends) but it
 is not the authors' block-cached sampler (`MARSBlockCachedSampler` in Xalp/MARS). Theirs drafts the whole
@@ -268,7 +270,8 @@ class _Row(RowText):
 
     def __init__(self, index: int, prompt: list[int], pad: int):
         super().__init__(index, prompt)
-        self.pad = pad
+        self.pad = pad  # left padding to the longest prompt: the frontier is a logical column, as alone
+        self.n_cached = 0  # leading tokens whose KV the cache holds (never fed again)
         self.drafts: list[int] = []  # verified / jacobi: tokens proposed for the columns after the frontier
         self.draft_conf: list[float] = []
 
@@ -319,7 +322,7 @@ def decode_steps(
     runner = (backend or make_runner)(lm.model, cfg, len(live), P + cfg.max_new_tokens + cfg.block_size ** 2)
     scoring = getattr(runner, "scoring", None)
     mode = mode or make_mode(cfg, lm, scoring)
-    cache = BlockCache(runner, P, [r.pad for r in live], cfg.cache_block, cfg.use_cache)
+    cache = BlockCache(runner, P, len(live), cfg.cache_block, cfg.use_cache)
     pass_index = 0
     while live:
         if control.cancelled:
@@ -328,32 +331,36 @@ def decode_steps(
             return
         tau = cfg.tau if control.tau is None else control.tau
         t0 = time.perf_counter()
-        # rows at the cache-block end idle: they feed their uncached real tokens only and accept nothing
+        # rows at the cache-block end idle: they feed their uncommitted tokens but the last, and accept nothing
         block_end = cache.next_block([r.frontier for r in live])
         plans = [mode.plan(r, cfg, tau) if r.frontier < block_end else None for r in live]
 
-        # 1. propose: one window per row after the committed columns, one forward
-        windows = [_window(r, p, cache.length, lm.mask_token_id) for r, p in zip(live, plans)]
-        ids, pos, local = _stack_windows(windows, pad_id)
-        keep = sorted({k for w in windows for k in w.reads})
-        logits = cache.forward(ids, pos, local, keep)  # (b, len(keep), V) float32
+        # 1. propose: one window per row, right-aligned in the pass's input, one forward
+        windows = [_window(r, p, lm.mask_token_id) for r, p in zip(live, plans)]
+        ids, pos, local, starts = _stack_windows(windows, pad_id)
+        keep = sorted({o + k for w, o in zip(windows, starts) for k in w.reads})
+        padding = torch.arange(ids.shape[1])[None, :] < torch.tensor(starts)[:, None]  # (b, W): nobody reads these
+        logits = cache.forward(ids, pos, local, keep, padding)  # (b, len(keep), V) float32
         at = {k: j for j, k in enumerate(keep)}
 
         # 2. score and 3. accept, row by row
-        valid = [r.frontier for r in live]  # per row: the column after its last input computed from a real token
+        computed = [w.n_real for w in windows]  # per row: leading window inputs computed from real tokens
         records = []
-        for i, (r, plan, w) in enumerate(zip(live, plans, windows)):
+        for i, (r, plan, w, o) in enumerate(zip(live, plans, windows, starts)):
             if plan is None:
                 continue
             row_logits = logits[i]  # (len(keep), V)
-            main = _rows(row_logits, [at[k] for k in w.main_reads])
-            groups = _Groups(row_logits, w.group_reads, at)
+            main = _rows(row_logits, [at[o + k] for k in w.main_reads])
+            groups = _Groups(row_logits, w.group_reads, at, o)
             res = mode.accept(r, plan, main, groups, cfg, tau, gen)
-            valid[i] += res.n_verified
+            computed[i] += res.n_verified
             records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1], scoring))
 
-        # 4. commit: keep the KV every row computed from real inputs; finished rows leave the batch
-        cache.commit(valid, [r.frontier for r in live])
+        # 4. commit: each row keeps the KV it computed from real inputs, all but its last token (fed next pass
+        # as the query); finished rows leave the batch
+        counts = [min(c, len(r.tokens) - 1 - r.n_cached) for r, c in zip(live, computed)]
+        for r, kept in zip(live, cache.commit(starts, counts)):
+            r.n_cached += kept
         keep_rows = [i for i, r in enumerate(live) if r.finish_reason is None]
         if len(keep_rows) < len(live):
             cache.select(keep_rows)
@@ -406,64 +413,68 @@ class _RowWindow:
     allowed: torch.Tensor  # (n, n) bool: which window inputs each window input may attend to (masks.window_mask)
     main_reads: list[int]  # window indices of the last real token and of each extra
     group_reads: list[list[int]]  # window indices of each mask group
+    n_real: int  # leading inputs that are the row's uncommitted tokens
 
     @property
     def reads(self) -> list[int]:
         return self.main_reads + [k for g in self.group_reads for k in g]
 
 
-def _window(row: _Row, plan: RowPlan | None, start: int, mask_id: int | None) -> _RowWindow:
-    """One row's part of the forward input, from column `start` (the committed columns' end).
+def _window(row: _Row, plan: RowPlan | None, mask_id: int | None) -> _RowWindow:
+    """One row's part of the forward input: [its uncommitted tokens | the plan's extras | mask groups].
 
-    [left padding | uncached real tokens, columns [start, F) | the plan's extras | mask groups]: the extras
-    are a chain at F, F+1, ... or a tree (plan.parents), each at the position of its depth after the last
-    real token; mask group (j, n) holds n masks at the positions right after extra j-1. Who sees whom is
-    `masks.window_mask`.
+    The extras are a chain or a tree (plan.parents), each at the position of its depth after the last real
+    token; mask group (j, n) holds n masks at the positions right after extra j-1. Who sees whom is
+    `masks.window_mask`. An idle row (plan None) feeds its uncommitted tokens but the last, which its next
+    plan feeds as the query: nothing at all once they are in the cache.
     """
-    F = row.frontier
-    lo = max(start, row.pad)
+    real = row.tokens[row.n_cached:] if plan else row.tokens[row.n_cached:-1]
     extra = plan.to_verify if plan else []
     groups = plan.groups if plan else []
     parents = plan.parents if plan else None
-    n_pad, n_real = lo - start, F - lo
-    if plan and n_pad + n_real < 1:
-        raise RuntimeError(f"row {row.index}: no uncached token to feed (frontier {F}, cache {start})")
-    tokens = [0] * n_pad + row.tokens[lo - row.pad:] + list(extra)
-    positions = [max(0, c - row.pad) for c in range(start, F)]
+    n_real = len(real)
+    if plan and n_real < 1:
+        raise RuntimeError(f"row {row.index}: no uncached token to feed ({row.n_cached} of {len(row.tokens)} cached)")
+    n = len(row.tokens)  # the position of the token after the last real one
+    tokens = real + list(extra)
+    positions = list(range(row.n_cached, row.n_cached + n_real))
     depth = tree_depths(parents, len(extra))
-    positions += [F - row.pad + d - 1 for d in depth]
+    positions += [n + d - 1 for d in depth]
     group_reads = []
-    for j, n in groups:
-        group_reads.append(list(range(len(tokens), len(tokens) + n)))
-        tokens += [mask_id] * n
+    for j, m in groups:
+        group_reads.append(list(range(len(tokens), len(tokens) + m)))
+        tokens += [mask_id] * m
         after = depth[j - 1] if j else 0  # the depth of the extra the group follows
-        positions += [F - row.pad + after + o for o in range(n)]
-    last_real = n_pad + n_real - 1
-    main_reads = list(range(last_real, last_real + 1 + len(extra))) if plan else []
-    return _RowWindow(tokens, positions, window_mask(n_pad, n_real, len(extra), groups, parents), main_reads,
-                      group_reads)
+        positions += [n + after + o for o in range(m)]
+    main_reads = list(range(n_real - 1, n_real + len(extra))) if plan else []
+    return _RowWindow(tokens, positions, window_mask(0, n_real, len(extra), groups, parents), main_reads,
+                      group_reads, n_real)
 
 
 def _stack_windows(windows: list[_RowWindow], pad_id: int):
-    """The rows' windows right-padded to a common width W: ids, positions (b, W) and masks (b, W, W)."""
+    """The rows' windows right-aligned in a common width W: ids, positions (b, W), masks (b, W, W), and each
+    row's first column. Right-aligned, the rows' last real tokens and masks share columns (a MARS pass reads
+    the last B of every row), so the logits kept are few; the left padding is what the fast backend skips
+    (BlockCache.forward's `padding`)."""
     W = max(len(w.tokens) for w in windows)
     b = len(windows)
+    starts = [W - len(w.tokens) for w in windows]
     # ids and positions padded as lists and made tensors at once: two tensors a pass, not two a row
-    ids = torch.tensor([w.tokens + [pad_id] * (W - len(w.tokens)) for w in windows], dtype=torch.long)
-    pos = torch.tensor([w.positions + [0] * (W - len(w.positions)) for w in windows], dtype=torch.long)
+    ids = torch.tensor([[pad_id] * o + w.tokens for w, o in zip(windows, starts)], dtype=torch.long)
+    pos = torch.tensor([[0] * o + w.positions for w, o in zip(windows, starts)], dtype=torch.long)
     local = torch.zeros((b, W, W), dtype=torch.bool)
-    for i, w in enumerate(windows):
-        n = len(w.tokens)
-        local[i, :n, :n] = w.allowed
-    return ids, pos, local
+    for i, (w, o) in enumerate(zip(windows, starts)):
+        local[i, o:, o:] = w.allowed
+    return ids, pos, local, starts
 
 
 class _Groups(Sequence):
     """A row's mask groups' logits, each cut out of the pass's logits only when the mode reads it: a tree
     pass carries a group per node and reads one of them."""
 
-    def __init__(self, logits: torch.Tensor, reads: list[list[int]], at: dict[int, int]):
-        self.logits, self.reads, self.at = logits, reads, at  # logits: (len(keep), V); at: window index -> row
+    def __init__(self, logits: torch.Tensor, reads: list[list[int]], at: dict[int, int], start: int = 0):
+        # logits: (len(keep), V); at: pass column -> logits row; start: the row's window's first column
+        self.logits, self.reads, self.at, self.start = logits, reads, at, start
 
     def __len__(self) -> int:
         return len(self.reads)
@@ -471,7 +482,7 @@ class _Groups(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return _rows(self.logits, [self.at[k] for k in self.reads[i]])
+        return _rows(self.logits, [self.at[self.start + k] for k in self.reads[i]])
 
 
 def _rows(logits: torch.Tensor, idx: list[int]) -> torch.Tensor:

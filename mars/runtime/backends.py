@@ -7,7 +7,8 @@
     select(rows)  keep these batch rows (finished rows leave the batch)
 
 `forward` feeds a window of W columns per row after the cached ones; `allowed` (b, W, length + W) says
-which keys each window input may attend to. Backends:
+which keys each window input may attend to. A backend with `skips_padding` also takes `padding=` (b, W) bool:
+inputs nobody reads (a batch's padding), which it may leave uncomputed (their logits: zeros). Backends:
   hf        transformers' own forward and DynamicCache: the reference path
   fast      mars.runtime.fastpath: the same math in fewer ops, a preallocated cache (Llama / Qwen2 only)
   fast-bf16 fast, with bfloat16 matrices: faster, NOT exact (numerics change); opt-in only
@@ -70,6 +71,7 @@ class HFBackend:
 
 class FastBackend:
     scoring = C_SCORING  # greedy p(token) and top-k of its CPU float32 logits in one C call each
+    skips_padding = True  # forward(..., padding=): inputs nobody reads are not computed (the int8 C layers)
 
     def __init__(self, flm, batch: int, capacity: int):
         """flm: the model's fast path (mars.runtime.fastpath.fast_model, built once per model and weight dtype)."""
@@ -80,9 +82,10 @@ class FastBackend:
     def length(self) -> int:
         return self.cache.length
 
-    def forward(self, ids, positions, allowed, keep: list[int]) -> torch.Tensor:
+    def forward(self, ids, positions, allowed, keep: list[int], padding=None) -> torch.Tensor:
         d = self.lm.device
-        logits = self.lm.forward(ids.to(d), positions.to(d), allowed.to(d), torch.tensor(keep, device=d), self.cache)
+        logits = self.lm.forward(ids.to(d), positions.to(d), allowed.to(d), torch.tensor(keep, device=d), self.cache,
+                                 padding)
         return logits.float().cpu()
 
     def truncate(self, n: int):

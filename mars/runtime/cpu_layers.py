@@ -37,19 +37,21 @@ def attend(lib, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k: torc
     _check_attention(qkv, cos, sin, allowed, b, W, C, cap, hd, n_heads, n_kv)
     out = torch.empty(b, W, n_heads * hd)
     rc = lib.mars_attend(qkv.data_ptr(), b, W, n_heads, n_kv, hd, cos.data_ptr(), sin.data_ptr(), k.data_ptr(),
-                         v.data_ptr(), k.shape[2], C, allowed.data_ptr(), out.data_ptr())
+                         v.data_ptr(), k.shape[2], C, allowed.data_ptr(), out.data_ptr(), None, b * W)
     if rc != 0:
         raise MemoryError("the C attention could not allocate its scratch")
     return out
 
 
-def _check_attention(qkv, cos, sin, allowed, b: int, W: int, C: int, cap: int, hd: int, n_heads: int, n_kv: int):
+def _check_attention(qkv, cos, sin, allowed, b: int, W: int, C: int, cap: int, hd: int, n_heads: int, n_kv: int,
+                     n: int | None = None):
     """What mars_attend reads and writes, checked before the call (a wrong size writes past a tensor); qkv None:
-    made inside the C call (the layer loop)."""
+    made inside the C call (the layer loop); n: the rows computed (None: b W)."""
+    n = b * W if n is None else n
     if qkv is not None:
         check_tensor("qkv", qkv, torch.float32, (b, W, (n_heads + 2 * n_kv) * hd))
-    check_tensor("cos", cos, torch.float32, (b * W, hd))
-    check_tensor("sin", sin, torch.float32, (b * W, hd))
+    check_tensor("cos", cos, torch.float32, (n, hd))
+    check_tensor("sin", sin, torch.float32, (n, hd))
     check_tensor("allowed", allowed, torch.uint8, (b, W, C + W))
     if C < 0 or C + W > cap:
         raise ValueError(f"attend: {W} rows after {C} cached ones do not fit the cache's {cap} columns")
@@ -106,25 +108,41 @@ class CLayers:
         return attend(self.lib, qkv, cos, sin, cache.k[layer], cache.v[layer], C, allowed, lm.n_heads, lm.n_kv)
 
     def layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, C: int, allowed: torch.Tensor,
-               rows: torch.Tensor | None) -> torch.Tensor:
+               rows: torch.Tensor | None, at: torch.Tensor | None = None) -> torch.Tensor:
         """Every layer on x (b, W, D) contiguous float32, in place (b W <= MAX_C_ROWS); rows: the gated rows
-        (int64) or None. Returns x."""
+        (int64) or None. Returns x.
+
+        at: only these rows of the pass (b, W, as `allowed` says), flat indices bi W + i, ascending (int64, at most
+        MAX_C_ROWS, b too); x, cos, sin and rows are then theirs: x (n, D), cos and sin (n, hd), rows indices into
+        x. The others are computed by nobody: no query of the pass may see them (the decoder's padding)."""
         lm = self.lm
-        check_tensor("x", x, torch.float32, (None, None, self.D))
-        b, W = x.shape[:2]
+        if at is None:
+            check_tensor("x", x, torch.float32, (None, None, self.D))
+            b, W = x.shape[:2]
+            n = b * W
+        else:
+            b, W = allowed.shape[:2]
+            n = at.numel()
+            check_tensor("x", x, torch.float32, (n, self.D))
+            if b > MAX_C_ROWS:
+                raise ValueError(f"the C layer loop takes rows of at most {MAX_C_ROWS} batch rows, got {b}")
+            check_row_indices(at, b * W)
+            if n > 1 and not bool((at[1:] > at[:-1]).all()):
+                raise ValueError("the rows of a pass must be named in ascending order")
         ng = 0 if rows is None else rows.numel()
-        if b * W > MAX_C_ROWS:
-            raise ValueError(f"the C layer loop takes at most {MAX_C_ROWS} rows, got {b * W}")
+        if n > MAX_C_ROWS:
+            raise ValueError(f"the C layer loop takes at most {MAX_C_ROWS} rows, got {n}")
         shape = (len(self.structs), b, lm.n_kv, cache.capacity, lm.head_dim)
         check_tensor("cache.k", cache.k, torch.float32, shape)
         check_tensor("cache.v", cache.v, torch.float32, shape)
-        _check_attention(None, cos, sin, allowed, b, W, C, cache.capacity, lm.head_dim, lm.n_heads, lm.n_kv)
+        _check_attention(None, cos, sin, allowed, b, W, C, cache.capacity, lm.head_dim, lm.n_heads, lm.n_kv, n)
         if rows is not None:
-            check_row_indices(rows, b * W)
+            check_row_indices(rows, n)
         rc = self.lib.mars_layers(self.structs, len(self.structs), x.data_ptr(), b, W, self.D, self.I, lm.n_heads,
                                   lm.n_kv, lm.head_dim, cache.k.data_ptr(), cache.v.data_ptr(), cache.capacity, C,
                                   cos.data_ptr(), sin.data_ptr(), allowed.data_ptr(),
-                                  None if rows is None else rows.data_ptr(), ng, int(self.lib.amx))
+                                  None if rows is None else rows.data_ptr(), ng, int(self.lib.amx),
+                                  None if at is None else at.data_ptr(), n)
         if rc != 0:
             raise MemoryError("the C layer loop could not allocate its buffers")
         return x

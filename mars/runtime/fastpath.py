@@ -229,6 +229,28 @@ class FastLM:
             x.copy_(y)
         return x
 
+    def _c_forward_rows(self, x: torch.Tensor, cos, sin, allowed, g, cache: KVCache, C: int, live: torch.Tensor,
+                        keep: torch.Tensor) -> torch.Tensor:
+        """The C layers on the pass's rows `live` only (flat b W indices, ascending), one call; then the LM head on
+        the kept ones. Each row's result is its own (the kernels work row by row; the attention reads only the
+        keys a query may see), so they are the bits of the whole pass; the padding costs nothing."""
+        b, W, D = x.shape
+        n = live.numel()
+        at = torch.full((b * W,), -1, dtype=torch.long)  # pass row -> its row in xs (-1: not computed)
+        at[live] = torch.arange(n)
+        xs = x.view(b * W, D)[live]  # (n, D)
+        cs, sn = cos.reshape(b * W, -1)[live], sin.reshape(b * W, -1)[live]  # (n, hd)
+        rows = None
+        if g is not None:
+            rows = at[g.rows]
+            rows = rows[rows >= 0].contiguous() if bool((rows >= 0).any()) else None
+        self.c_layers.layers(xs, cs, sn, cache, C, allowed.contiguous().view(torch.uint8), rows, live)
+        cache.length = C + W
+        idx = at.view(b, W)[:, keep]  # (b, K)
+        out = self.head.normed(xs[idx.clamp(min=0)], self.norm, self.norm_eps)  # (b, K, V)
+        out[idx < 0] = 0  # padding nobody reads
+        return out
+
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         return KVCache(self.n_layers, batch, self.n_kv, self.head_dim, capacity, self.dtype, self.device)
 
@@ -253,11 +275,14 @@ class FastLM:
 
     @torch.inference_mode()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: torch.Tensor,
-                cache: KVCache) -> torch.Tensor:
+                cache: KVCache, padding: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (b, len(keep), V) of window inputs `keep`; appends the window's KV to `cache`.
 
         ids, positions: (b, W). allowed: bool (b, W, C + W), True where a query may attend to a key, keys
-        being the C cached columns then the window. keep: window indices whose logits are wanted.
+        being the C cached columns then the window. keep: window indices whose logits are wanted. padding:
+        None, or bool (b, W), True at inputs nobody reads (no query sees them, their logits are not wanted):
+        the C layers then skip them (a batch's right-aligned windows), their logits come back as zeros and
+        their KV columns hold whatever was there.
         """
         b, W = ids.shape
         C = cache.length
@@ -275,6 +300,9 @@ class FastLM:
             is_mask = ids == self.gated.mask_token_id
             g = Gate(is_mask, self.dtype) if bool(is_mask.any()) else None
         x = F.embedding(ids, self.embed)  # (b, W, D)
+        live = None if padding is None or self.c_layers is None else (~padding.cpu()).flatten().nonzero().flatten()
+        if live is not None and 0 < live.numel() < b * W and max(b, live.numel()) <= self.c_layers.max_rows:
+            return self._c_forward_rows(x, cos, sin, allowed, g, cache, C, live, keep)
         if self.c_layers is not None:
             self._c_forward(x, cos, sin, allowed, g, cache, C)
         else:

@@ -446,19 +446,36 @@ static float *att_scratch(int64_t n) {
     return buf;
 }
 
-/* The rotary, the cache write and attention for a pass of b x W rows.
-   qkv (n x (H + 2 KV) hd, n = b W): per row [q heads | k heads | v heads], rotated in place (q and k):
+/* The rotary, the cache write and attention for n of a pass's b x W rows.
+   at (n, ascending) names them: row k is the pass's row at[k] = bi W + i (batch row bi, window column i); NULL:
+   every row, n = b W. The rows not named are computed by nobody: no query may see their keys (the caller's
+   padding). qkv (n x (H + 2 KV) hd): per row [q heads | k heads | v heads], rotated in place (q and k):
    x * cos + roll(x, hd/2) * sin, sin's first half negated (mars.runtime.fastpath.FastLM.rope_table); cos, sin
    (n x hd) for each row's position. The rotated k and the v of row (bi, i) go to cache column C + i of batch
-   row bi: kc, vc (b x KV x cap x hd). allowed (b x W x (C + W)) 0/1. out (n x H hd): each query head's
-   attention over its KV head's keys (query head h uses KV head h / (H / KV)), scaled by 1/sqrt(hd). */
+   row bi: kc, vc (b x KV x cap x hd). allowed (b x W x (C + W)) 0/1, for every row of the pass. out (n x H hd):
+   each query head's attention over its KV head's keys (query head h uses KV head h / (H / KV)), scaled by
+   1/sqrt(hd). A row's result does not depend on which other rows are named. */
 int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t hd, const float *cos,
-                 const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out) {
-    const int64_t n = b * W, F = (H + 2 * KV) * hd, half = hd / 2, T = C + W;
-    for (int64_t r = 0; r < n; r++) {
-        float *row = qkv + r * F;
-        const float *c = cos + r * hd, *sn = sin + r * hd;
-        const int64_t bi = r / W, i = r % W;
+                 const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out,
+                 const int64_t *at, int64_t n) {
+    const int64_t F = (H + 2 * KV) * hd, half = hd / 2, T = C + W;
+    if (!at) n = b * W;
+    else if (b > MAXROWS || n > MAXROWS) return 1;  /* the caller checks: mars.runtime.cpu_layers */
+    /* batch row bi's rows are [FIRST(bi), FIRST(bi + 1)) */
+    int64_t first[MAXROWS + 1], most = W;
+#define FIRST(bi) (at ? first[bi] : (bi) * W)
+    if (at) {
+        most = 0;
+        for (int64_t bi = 0, k = 0; bi <= b; bi++) {
+            while (k < n && at[k] < bi * W) k++;
+            first[bi] = k;
+            if (bi && first[bi] - first[bi - 1] > most) most = first[bi] - first[bi - 1];
+        }
+    }
+    for (int64_t k = 0; k < n; k++) {
+        float *row = qkv + k * F;
+        const float *c = cos + k * hd, *sn = sin + k * hd;
+        const int64_t r = at ? at[k] : k, bi = r / W, i = r % W;
         for (int64_t hh = 0; hh < H + KV; hh++) {
             float *x = row + hh * hd, tmp[MARS_MAX_HEAD_DIM];
             for (int64_t d = 0; d < half; d++) tmp[d] = x[d] * c[d] + x[d + half] * sn[d];  /* two loops, */
@@ -466,29 +483,31 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
             memcpy(x, tmp, (size_t)hd * 4);
         }
         for (int64_t g = 0; g < KV; g++) {
-            const int64_t at = ((bi * KV + g) * cap + C + i) * hd;
-            memcpy(kc + at, row + (H + g) * hd, (size_t)hd * 4);
-            memcpy(vc + at, row + (H + KV + g) * hd, (size_t)hd * 4);
+            const int64_t pos = ((bi * KV + g) * cap + C + i) * hd;
+            memcpy(kc + pos, row + (H + g) * hd, (size_t)hd * 4);
+            memcpy(vc + pos, row + (H + KV + g) * hd, (size_t)hd * 4);
         }
     }
-    /* work items: per batch row and KV head, its rep x W queries (the query heads that share its keys, every
-       row of the window) by G: the keys' and values' loads are shared (attend_probs8, attend_values); G as
-       large as leaves 8 items per thread, so that the threads' shares are even, and 2 threads split even a
+    /* work items: per batch row and KV head, its rep x (its rows) queries (the query heads that share its keys,
+       every row of its window) by G: the keys' and values' loads are shared (attend_probs8, attend_values); G
+       as large as leaves 8 items per thread, so that the threads' shares are even, and 2 threads split even a
        1-token pass. A query's result does not depend on G. */
     const float scale = 1.0f / sqrtf((float)hd);
-    const int64_t rep = H / KV, nq = rep * W, Tp = (T + 15) / 16 * 16;
+    const int64_t rep = H / KV, Tp = (T + 15) / 16 * 16;
 #if defined(_OPENMP)
     const int64_t threads = omp_get_max_threads();
 #else
     const int64_t threads = 1;
 #endif
     int64_t G = ATT_G;
-    while (G > ATT_Q && b * KV * ((nq + G - 1) / G) < 8 * threads) G /= 2;
-    const int64_t per = (nq + G - 1) / G, items = b * KV * per;
+    while (G > ATT_Q && b * KV * ((rep * most + G - 1) / G) < 8 * threads) G /= 2;
+    const int64_t per = (rep * most + G - 1) / G, items = b * KV * per;
     int failed = 0;
     #pragma omp parallel for schedule(static) if (items > 1)
     for (int64_t it = 0; it < items; it++) {
         const int64_t bi = it / (KV * per), g = (it / per) % KV, q0 = (it % per) * G;
+        const int64_t nq = rep * (FIRST(bi + 1) - FIRST(bi));
+        if (q0 >= nq) continue;
         const int nk = (int)(nq - q0 < G ? nq - q0 : G);
         float *buf = att_scratch((G + 1) * Tp);  /* each query's p, then the packed sum's scratch */
         if (!buf) { failed = 1; continue; }
@@ -498,11 +517,11 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         const uint8_t *alr[ATT_G];
         float inv[ATT_G], *outr[ATT_G];
         for (int k = 0; k < nk; k++) {
-            const int64_t qi = q0 + k, i = qi / rep, h = g * rep + qi % rep, r = bi * W + i;
+            const int64_t qi = q0 + k, kk = FIRST(bi) + qi / rep, h = g * rep + qi % rep, r = at ? at[kk] : kk;
             pr[k] = sr[k] = buf + k * Tp;
-            qr[k] = qkv + r * F + h * hd;
+            qr[k] = qkv + kk * F + h * hd;
             alr[k] = allowed + r * T;
-            outr[k] = out + r * H * hd + h * hd;
+            outr[k] = out + kk * H * hd + h * hd;
         }
 #if defined(ATT256)
         if (hd % 16 == 0)
@@ -513,6 +532,7 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
             inv[k] = attend_probs(qr[k], kc + base, T, hd, alr[k], scale, sr[k], buf + G * Tp);
         attend_values(pr, inv, nk, vc + base, T, hd, alr, outr);
     }
+#undef FIRST
     return failed;
 }
 
@@ -524,13 +544,17 @@ static inline void lin_run(const lin_c *L, int amx, qrows *xq, const float *res,
                                            lw ? h : NULL, ldh, lw ? grows : NULL, lw ? ng : 0, lw);
 }
 
-/* Every layer of a pass of n = b W <= MARS_MAX_ROWS rows: x (n x D) the residual stream, updated in place. D:
-   the hidden size, I: the MLP's. kbase, vbase: the cache (layers x b x KV x cap x hd). grows (ng): the gated
-   rows. The steps and kernels of mars.runtime.quant.Int8Linear's normed / add_to / add_silu_to, in order. */
+/* Every layer of n <= MARS_MAX_ROWS rows of a pass of b x W: the rows `at` names (as mars_attend; NULL: all,
+   n = b W). x (n x D) the residual stream, updated in place. D: the hidden size, I: the MLP's. kbase, vbase: the
+   cache (layers x b x KV x cap x hd). grows (ng): the gated rows, indices into x's n. The steps and kernels of
+   mars.runtime.quant.Int8Linear's normed / add_to / add_silu_to, in order: every step but the attention works
+   row by row, so the rows not named cost nothing. */
 int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, int64_t D, int64_t I, int64_t H,
                 int64_t KV, int64_t hd, float *kbase, float *vbase, int64_t cap, int64_t C, const float *cos,
-                const float *sin, const uint8_t *allowed, const int64_t *grows, int64_t ng, int amx) {
-    const int64_t n = b * W, F = (H + 2 * KV) * hd, A = H * hd, lstride = b * KV * cap * hd;
+                const float *sin, const uint8_t *allowed, const int64_t *grows, int64_t ng, int amx,
+                const int64_t *at, int64_t n) {
+    if (!at) n = b * W;
+    const int64_t F = (H + 2 * KV) * hd, A = H * hd, lstride = b * KV * cap * hd;
     const int64_t kmax = (D > I ? D : I) > A ? (D > I ? D : I) : A, kpmax = (kmax + MARS_PAD - 1) / MARS_PAD * MARS_PAD;
     if (n > MAXROWS || ng > MAXROWS) return 1;
     float *h = (float *)malloc((size_t)(n * kmax) * 4), *qkv = (float *)malloc((size_t)(n * F) * 4);
@@ -553,7 +577,8 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
         STAGE(0)
         lin_run(&ly->qkv, amx, &xq, NULL, 0, qkv, h, D, grows, ng);
         STAGE(1)
-        if (mars_attend(qkv, b, W, H, KV, hd, cos, sin, kbase + l * lstride, vbase + l * lstride, cap, C, allowed, att)) {
+        if (mars_attend(qkv, b, W, H, KV, hd, cos, sin, kbase + l * lstride, vbase + l * lstride, cap, C, allowed, att,
+                        at, n)) {
             free(h); free(qkv); free(att); free(gu); free(q);
             return 2;
         }

@@ -86,9 +86,11 @@ int mars_stages(double *out);
 
 /* layers.c: the attention and the whole layer loop */
 int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t hd, const float *cos,
-                const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out);
+                const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out,
+                const int64_t *at, int64_t n);
 int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, int64_t D, int64_t I, int64_t H,
                 int64_t KV, int64_t hd, float *kbase, float *vbase, int64_t cap, int64_t C, const float *cos,
-                const float *sin, const uint8_t *allowed, const int64_t *grows, int64_t ng, int amx);
+                const float *sin, const uint8_t *allowed, const int64_t *grows, int64_t ng, int amx,
+                const int64_t *at, int64_t n);
 
 #endif
