@@ -17,10 +17,13 @@ MAX_TREE_NODES_APP = 64  # the tree-nodes slider's cap on this server, below the
 TOP_K = 5  # candidates kept per proposal, for the pass inspector
 MODE_LABELS = {"MARS (tau rule)": "mars", "Verified (lossless)": "verified"}  # the app's modes: UI label -> core
 APP_MODES = tuple(MODE_LABELS.values())
-# The page opens in verified mode (issue 24): on two CPU cores it is the setting that measured fastest against
-# AR (the same text as AR, ~1.35 tokens per pass at B 2), where MARS at tau 0.9 (~1.15 tokens per pass) stays
-# behind AR; README "Results" has the race. Each mode's tau when the page opens or the mode is switched to it:
-# verified sends every draft (tau 0, its fastest: tau never changes its text), MARS the paper's 0.9.
+# The page opens in verified mode (issue 24), at B 2 with a tree of up to 4 nodes and one mask group: chosen
+# again by measurement after the int8 one-row kernels (issue 41, `python -m benchmarks.app_defaults`, 20
+# held-out prompts x 96 tokens, the app's own config path with its measured pass costs; docs/results.md):
+# B 2 / tree 4 1.09-1.10x int8 AR in two runs, the other trees 1.01-1.14x (within the runs' noise, none
+# ahead in both), the chain 0.87x, MARS tau 0.9 0.89x at B 2 and 0.68x at B 4.
+# Each mode's tau when the page opens or the mode is switched to it: verified sends every draft (tau 0, its
+# fastest: tau never changes its text), MARS the paper's 0.9.
 DEFAULT_MODE_LABEL = "Verified (lossless)"
 MODE_TAU = {"mars": 0.9, "verified": 0.0}
 TAU_LABELS = {"mars": "τ (live: moves the running generation)", "verified": "τ (verified: only which drafts get checked)"}
