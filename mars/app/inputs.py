@@ -20,8 +20,8 @@ APP_MODES = tuple(MODE_LABELS.values())
 # The page opens in verified mode (issue 24), at B 2 with a tree of up to 4 nodes and one mask group: chosen
 # again by measurement after the int8 one-row kernels (issue 41, `python -m benchmarks.app_defaults`, 20
 # held-out prompts x 96 tokens, the app's own config path with its measured pass costs; docs/results.md):
-# B 2 / tree 4 1.09-1.10x int8 AR in two runs, the other trees 1.01-1.14x (within the runs' noise, none
-# ahead in both), the chain 0.87x, MARS tau 0.9 0.89x at B 2 and 0.68x at B 4.
+# B 2 / tree 4 1.04-1.10x int8 AR in three runs, the other trees 0.96-1.14x (within the runs' noise, none
+# ahead in every run), the chain 0.84-0.87x, MARS tau 0.9 0.83-0.89x at B 2 and 0.58-0.68x at B 4.
 # Each mode's tau when the page opens or the mode is switched to it: verified sends every draft (tau 0, its
 # fastest: tau never changes its text), MARS the paper's 0.9.
 DEFAULT_MODE_LABEL = "Verified (lossless)"
