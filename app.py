@@ -353,6 +353,14 @@ class MarsApp:
             html += viz.render_tree_html(viz.tree_rows(rec, decode), own, rec.drafts_sent)
         return html
 
+    def inspect_lab_case(self, tau, accept_session, evt: gr.EventData):
+        """An inspect button of the Acceptance table: the row's pass (the tab's `inspect_case`, at the tab's tau)
+        shown in this tab's inspector, which opens. The row's key comes with the click (accept_tab.INSPECT_JS)."""
+        data = getattr(evt, "_data", None)
+        key = data.get("case") if isinstance(data, dict) else None
+        html = self.ui.accept.inspect_case(tau, accept_session, key)
+        return gr.Tabs(selected="generate"), gr.Accordion(open=True), html
+
     def run_sweep(self, prompt, taus_text, block_size, max_new_tokens, confidence, session: Session):
         lm = self._lm()
         try:
@@ -500,8 +508,8 @@ class MarsApp:
                 self.ui.model_banner = gr.HTML(LOADING, elem_id="model-banner")
                 # asks again every second while the model loads at start-up; model_info stops it once ready
                 self.ui.model_timer = gr.Timer(1.0, active=False)
-                with gr.Tabs():
-                    with gr.Tab("Generate"):
+                with gr.Tabs() as self.ui.tabs:
+                    with gr.Tab("Generate", id="generate"):  # the id: the Acceptance table's rows open here
                         self._generate_tab()
                     with gr.Tab("Sweep τ"):
                         self._sweep_tab()
@@ -566,7 +574,7 @@ class MarsApp:
                                                         elem_id="download-html", size="sm")
                     ui.download_json = gr.DownloadButton("Download trace (JSON)", interactive=False,
                                                         elem_id="download-json", size="sm")
-                with gr.Accordion("Inspect a pass", open=True):
+                with gr.Accordion("Inspect a pass", open=True) as ui.inspect_box:
                     ui.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
                     ui.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
             with gr.Column(scale=2):
@@ -646,6 +654,11 @@ class MarsApp:
         ui.present.change(None, [ui.present], None, js=toggle)
         ui.sweep_btn.click(self.run_sweep, [ui.prompt, ui.sweep_taus, ui.block, ui.max_new, ui.confidence, session],
                           [ui.chart_sweep, ui.sweep_table], **model_events)
+        acc = ui.accept  # its table's inspect buttons open a row's pass in this tab's inspector
+        acc.table.click(self.inspect_lab_case, [acc.tau, acc.session], [ui.tabs, ui.inspect_box, ui.inspect],
+                        concurrency_id="model", concurrency_limit=limit, api_visibility="private",
+                        show_progress="minimal", show_progress_on=[ui.inspect]
+                        ).success(None, None, None, js="() => document.getElementById('inspect')?.scrollIntoView()")
         for slider in (ui.mask_len, ui.mask_block):
             slider.change(self.mask, [ui.mask_len, ui.mask_block], [ui.chart_mask], **quick)
         ui.paper.event.then(self.model_info, [ui.mode], info_outputs, api_visibility="private")

@@ -75,6 +75,31 @@ def test_charts_draw_tables_fill_and_downloads_parse(page):
     assert {r["variant"] for r in rows} == {"model", "bare"}
 
 
+def test_a_rows_inspect_button_opens_its_pass_in_the_generate_tabs_inspector(page):
+    """Issue 43 item 3: a row's inspect button switches to the Generate tab, whose inspector shows the row's pass
+    with the row's draft marked, at the table's token and confidence (both teacher-forced at that position)."""
+    page.reload()  # a fresh visitor: an empty table, the download off until this run is done
+    page.get_by_role("tab", name="Acceptance").click()
+    page.fill("#accept-prompts textarea", "\n".join(PROMPTS[1:]))  # the XSS prompt: shown as text there too
+    set_number(page, "accept-max-new-tokens", 16)
+    page.fill("#accept-taus textarea", "")
+    page.click("#accept-run")
+    page.wait_for_function("!document.querySelector('#accept-download-csv').disabled", timeout=120_000)
+    row = page.locator("#accept-table tr[data-kind]:has(button.accept-inspect)").last  # right under tau, if any
+    cells = row.locator("td")
+    conf, depth, draft = float(cells.nth(0).inner_text()), cells.nth(1).inner_text(), cells.nth(3).inner_text()
+    row.locator("button.accept-inspect").click()
+    page.wait_for_selector("#inspect tr[data-case]", timeout=30_000)
+    assert page.get_by_role("tab", name="Generate").get_attribute("aria-selected") == "true"
+    assert page.locator("#inspect").is_visible() and not page.locator("#accept-table").is_visible()
+    marked = page.locator("#inspect tr[data-case] td")
+    assert marked.nth(0).inner_text() == f"mask +{depth}" and marked.nth(1).inner_text() == draft
+    assert abs(float(marked.nth(2).inner_text()) - conf) < 0.0011  # the same number, each printed to 3 places
+    assert "Acceptance lab, prompt" in page.inner_text("#inspect")
+    assert page.locator("#inspect img").count() == 0 and not page.evaluate("window.__xss === 1")
+    page.get_by_role("tab", name="Acceptance").click()  # where the module's other tests expect the page
+
+
 def test_a_built_in_set_fills_the_prompts_and_bad_input_gets_one_message(page):
     page.locator("#accept-set input").click()
     page.get_by_role("option", name="math").click()

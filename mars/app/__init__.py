@@ -7,4 +7,5 @@ inputs   a visitor's inputs, checked with the core's checkers under the server's
 viz      text, HTML and charts (pure functions)
 batch, batch_viz, tabs   the Batch tab (one batch on the block-level cache) and the paper checkpoints' list
 accept_tab, accept_viz   the Acceptance tab (mars.evaluation.acceptance_lab in the page) and its charts
+accept_inspect   a row of the Acceptance table's pass, decoded again for the Generate tab's inspector
 """

@@ -6,21 +6,25 @@ closed for the length of one forward on that thread (mars.models.gated.adapter_o
 
 elem ids: accept-prompts, accept-set, accept-tau, accept-block-size, accept-max-new-tokens, accept-taus,
 accept-compare, accept-run, accept-stop, accept-progress, accept-reliability, accept-depth, accept-tpp,
-accept-classes, accept-table, accept-download (JSON), accept-download-csv.
+accept-classes, accept-table, accept-download (JSON), accept-download-csv; inside accept-table, once a run has
+filled it, each row's button accept-inspect-<kind>-<i> (kind confident_wrong or right_under_tau, i from 0; class
+accept-inspect): it opens that row's pass in the Generate tab's inspector (#inspect, mars.app.accept_inspect).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Callable
 
 import gradio as gr
 
 from mars.app import accept_viz
+from mars.app.accept_inspect import LabCases, case_pass, find_case, keep_cases, render_case_html
 from mars.app.session import TabSession
-from mars.decoding.decoder import DecodeControl, check_int
+from mars.decoding.decoder import DecodeControl, check_int, check_tau
 from mars.evaluation.acceptance_lab import MAX_PROMPTS, LabConfig, run_lab
 from mars.evaluation.prompt_sets import SETS
 
@@ -72,8 +76,25 @@ def reusable_answers(session, max_new_tokens: int, backend: str) -> dict:
     return out
 
 
+# the table's inspect buttons: one listener on the table (its rows are replaced by every run), which sends the
+# clicked row's key with the component's click event (gr.EventData: `case`)
+INSPECT_JS = ("element.addEventListener('click', (e) => { const b = e.target.closest('button[data-case]'); "
+              "if (b) trigger('click', {case: b.dataset.case}); });")
+INSPECT_CSS = ("button.accept-inspect { border: 1px solid #0072B2; border-radius: 4px; padding: 0 6px; "
+               "color: #0072B2; background: transparent; cursor: pointer; font-size: 0.85em; }")
+
+
+@dataclass
 class AcceptSession(TabSession):
-    """One visitor's lab state (a gr.State): the run's control and its download files (TabSession)."""
+    """One visitor's lab state (a gr.State): the run's control and its download files (TabSession), and what
+    opens the table's rows in the inspector (the last analysed run's LabCases; `runs` numbers the runs)."""
+
+    cases: LabCases | None = None
+    runs: int = 0
+
+    def close(self) -> None:
+        super().close()
+        self.cases = None
 
     def write(self, result: dict) -> tuple[str, str]:
         from mars.evaluation.acceptance_lab import to_csv
@@ -128,10 +149,13 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
             for p in run_lab(lm, prompts, ids, cfg, run=pass_slot.run if pass_slot is not None else None,
                              control=control, runner_factory=runner_factory, reuse=reuse, describe=model):
                 if p.result is not None and p.stage in ("analysed", "decoding", "done"):
+                    if p.result is not result:  # this run's analysis, new: its table's rows are the ones to inspect
+                        session.runs += 1
+                        session.cases = keep_cases(session.runs, lm, p.result, p.answers)
                     result = p.result
                     figs = (accept_viz.make_reliability_figure(result), accept_viz.make_depth_figure(result),
                             accept_viz.make_tokens_per_pass_figure(result), accept_viz.make_classes_figure(result))
-                    table = accept_viz.render_table_html(result, next(iter(result["variants"])))
+                    table = accept_viz.render_table_html(result, session.cases.variant, session.cases.run)
                     if p.stage == "done":
                         break
                     yield (accept_viz.render_summary_html(result, _progress_text(p)), *figs, table, skip, skip)
@@ -158,10 +182,35 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
     return run
 
 
+def make_case_inspector(get_lm: Callable[[], object], pass_slot=None):
+    """The inspect buttons' handler: (tau, session, the row's key) -> the inspector's HTML of the row's pass,
+    decoded once on the model thread (mars.app.accept_inspect); gr.Error with one message for a key that names
+    no row of the visitor's current table on the current model. The app shows the HTML in the Generate tab."""
+    from mars.app.inputs import TOP_K
+
+    def inspect_case(tau, session: AcceptSession | None, key) -> str:
+        lm = get_lm()
+        try:
+            tau = check_tau(tau)
+            cases = session.cases if session is not None else None
+            kind, row, answer = find_case(cases, key, lm)
+            rec = case_pass(lm, answer, row["position"], cases.block_size, tau, variant=cases.variant,
+                            backend=cases.backend, top_k=TOP_K, run=pass_slot.run if pass_slot is not None else None,
+                            runner_factory=getattr(getattr(pass_slot, "holder", None), "backend", None))
+        except ValueError as e:
+            raise gr.Error(str(e)) from None
+        except Exception as e:  # the app keeps serving
+            raise gr.Error(f"The pass could not be inspected: {type(e).__name__}: {e}") from None
+        return render_case_html(rec, row, kind, answer, lm.tokenizer, cases.block_size)
+
+    return inspect_case
+
+
 def build_accept_tab(get_lm: Callable[[], object], pass_slot=None, main_session=None,
                      concurrency_limit: int | str | None = "default") -> SimpleNamespace:
     """The Acceptance tab's components and events; call inside `with gr.Tab("Acceptance"):`. `main_session`: the
-    app's per-visitor Session state (its last Generate's answers are reused). Returns the components."""
+    app's per-visitor Session state (its last Generate's answers are reused). Returns the components, and
+    `inspect_case` (make_case_inspector) for the app to wire to the table's click event."""
     c = SimpleNamespace()
     session = gr.State(AcceptSession(), delete_callback=AcceptSession.close)
     gr.Markdown(INTRO)
@@ -187,13 +236,15 @@ def build_accept_tab(get_lm: Callable[[], object], pass_slot=None, main_session=
         c.tpp = gr.Plot(accept_viz.make_tokens_per_pass_figure(None), show_label=False, elem_id="accept-tpp")
     c.reliability = gr.Plot(accept_viz.make_reliability_figure(None), show_label=False, elem_id="accept-reliability")
     c.classes = gr.Plot(accept_viz.make_classes_figure(None), show_label=False, elem_id="accept-classes")
-    c.table = gr.HTML(accept_viz.render_table_html(None), elem_id="accept-table")
+    c.table = gr.HTML(accept_viz.render_table_html(None), elem_id="accept-table", js_on_load=INSPECT_JS,
+                      css_template=INSPECT_CSS)
     with gr.Row():
         c.download = gr.DownloadButton("Download the data (JSON)", interactive=False, elem_id="accept-download", size="sm")
         c.download_csv = gr.DownloadButton("Download the data (CSV)", interactive=False, elem_id="accept-download-csv",
                                            size="sm")
     c.session = session
     c.runner = make_accept_runner(get_lm, pass_slot)
+    c.inspect_case = make_case_inspector(get_lm, pass_slot)  # wired by the app, whose Generate tab shows it
     inputs = [c.prompts, c.tau, c.block, c.max_new, c.taus, c.compare, session]
     if main_session is not None:
         inputs.append(main_session)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from mars.app.accept_inspect import case_key
 from mars.app.viz import MARS_COLOR, _figure, esc
 
 COLORS = {"model": MARS_COLOR, "bare": "#7f7f7f"}
@@ -135,12 +136,22 @@ def make_classes_figure(result: dict | None) -> go.Figure:
     return _figure(traces, title, height=340, **layout)
 
 
-def render_table_html(result: dict | None, variant: str = "model") -> str:
+def render_table_html(result: dict | None, variant: str = "model", run: int | None = None) -> str:
     """The ten most confident wrong drafts and the ten right drafts just under tau, each in its context:
-    the text before the pass, the pass's earlier tokens [in brackets], then the draft against the right token."""
+    the text before the pass, the pass's earlier tokens [in brackets], then the draft against the right token.
+    run: the run's number in the visitor's session (mars.app.accept_inspect); given, each row gets an "inspect"
+    button (id accept-inspect-<kind>-<i>) that carries the row's key, to open its pass in the Generate tab."""
     if not result or variant not in result.get("variants", {}):
         return '<div class="mars-note">The drafts most confidently wrong and right-but-under-τ appear here.</div>'
     a, tau = result["variants"][variant], result["settings"]["tau"]
+    cols = 7 + (run is not None)
+
+    def control(key, i):
+        if run is None:
+            return ""
+        return (f'<td><button class="accept-inspect" id="accept-inspect-{key}-{i}" data-case="{case_key(run, key, i)}" '
+                'title="open this pass in the Generate tab\'s inspector">inspect</button></td>')
+
     parts = []
     for key, title in (("confident_wrong", f"{NAMES.get(variant, variant)}: the most confident wrong drafts"),
                        ("right_under_tau", f"{NAMES.get(variant, variant)}: right drafts just under τ = {tau:g}")):
@@ -148,11 +159,13 @@ def render_table_html(result: dict | None, variant: str = "model") -> str:
             f'<tr data-kind="{key}"><td>{r["confidence"]:.3f}</td><td>{r["depth"]}</td>'
             f'<td class="mars-context">…{esc(r["before"])}<b>[{esc(r["pass"])}]</b></td>'
             f'<td><code>{esc(repr(r["draft"]))}</code></td><td><code>{esc(repr(r["right"]))}</code></td>'
-            f'<td>{esc(r["class"])}</td><td title="{esc(r["prompt"])}">{r["prompt_index"] + 1}</td></tr>'
-            for r in a[key]) or '<tr><td colspan="7">none</td></tr>'
+            f'<td>{esc(r["class"])}</td><td title="{esc(r["prompt"])}">{r["prompt_index"] + 1}</td>'
+            f'{control(key, i)}</tr>'
+            for i, r in enumerate(a[key])) or f'<tr><td colspan="{cols}">none</td></tr>'
+        head = "<th>pass</th>" if run is not None else ""
         parts.append(f'<p><b>{esc(title)}</b></p><table class="mars-inspect mars-accept-table" data-table="{key}">'
                      "<tr><th>confidence</th><th>depth</th><th>context … [the pass's earlier tokens]</th>"
-                     f"<th>draft</th><th>right token</th><th>class</th><th>prompt</th></tr>{rows}</table>")
+                     f"<th>draft</th><th>right token</th><th>class</th><th>prompt</th>{head}</tr>{rows}</table>")
     return "".join(parts)
 
 

@@ -48,6 +48,7 @@ GROUPS_CSS = """
   vertical-align: top; font-family: ui-monospace, monospace; }
 .mars-bar { display: inline-block; height: 0.7em; background: #0072B2; margin-right: 4px; vertical-align: middle; }
 .mars-accepted { color: #0b6e4f; font-weight: bold; }
+.mars-inspect tr.mars-case { outline: 2px solid #E69F00; outline-offset: -2px; background: rgba(230, 159, 0, 0.15); }
 .mars-tree td span { margin-right: 0.6em; }
 .mars-rejected { color: #b03a00; font-weight: bold; }
 s.mars-rejected { color: #6e7781; font-weight: normal; font-size: 0.9em; text-decoration: line-through;
@@ -174,19 +175,21 @@ def render_stats_html(stats: dict) -> str:
     return f'<div class="mars-stats-wrap" {attrs}><div class="mars-stats">{"".join(tiles)}</div>{note_html}</div>'
 
 
-def render_inspector_html(rows: Sequence[dict], reason: str, header: str = "") -> str:
-    """The draft positions of one pass. rows: {position, token, confidence, status, candidates:[(text, p)]}."""
+def render_inspector_html(rows: Sequence[dict], reason: str, header: str = "", marked: int | None = None) -> str:
+    """The draft positions of one pass. rows: {position, token, confidence, status, candidates:[(text, p)]}.
+    marked: the index of a row to pick out (the Acceptance table's draft, opened here), or None."""
     out = [f"<div>{esc(header)}</div>" if header else ""]
     out.append('<table class="mars-inspect"><tr><th>position</th><th>proposal</th><th>confidence</th>'
                "<th>status</th><th>top candidates (probability)</th></tr>")
-    for r in rows:
+    for i, r in enumerate(rows):
         status_class = "mars-accepted" if r["status"].startswith("accepted") else "mars-rejected"
         cands = "<br>".join(
             f'<span class="mars-bar" style="width:{max(1, round(60 * p))}px"></span>{esc(token_label(t))} {p:.3f}'
             for t, p in r.get("candidates", [])
         )
+        mark = ' class="mars-case" data-case="1"' if i == marked else ""
         out.append(
-            f"<tr><td>{esc(r['position'])}</td><td>{esc(token_label(r['token']))}</td>"
+            f"<tr{mark}><td>{esc(r['position'])}</td><td>{esc(token_label(r['token']))}</td>"
             f"<td>{r['confidence']:.3f}</td><td class=\"{status_class}\">{esc(r['status'])}</td><td>{cands}</td></tr>"
         )
     out.append(f'</table><div class="mars-note">chain stopped: {esc(reason)}</div>')

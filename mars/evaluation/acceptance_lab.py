@@ -432,6 +432,9 @@ class LabProgress:
     note: str = ""
     result: dict | None = None
     seconds: dict = field(default_factory=dict)
+    # from the "analysed" stage on: the answers the result measured (their ids: what the app needs to decode a
+    # table row's pass again, mars.app.accept_inspect); not in the result, which is the download
+    answers: list[Answer] | None = None
 
 
 def variants_of(lm, cfg: LabConfig) -> tuple[str, ...]:
@@ -522,7 +525,7 @@ def run_lab(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: LabConfig,
     }
     seconds["analysis"] = time.perf_counter() - t0
     result["seconds"] = dict(seconds)
-    yield LabProgress("analysed", 1, 1, "drafts measured", result, dict(seconds))
+    yield LabProgress("analysed", 1, 1, "drafts measured", result, dict(seconds), answers)
 
     # 3. measured: the same prompts decoded at each tau of the sweep (the adapter's drafts, as the app decodes)
     if cfg.taus and "model" in variants:
@@ -531,12 +534,13 @@ def run_lab(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: LabConfig,
                             backend=cfg.backend)
         for i, rows in enumerate(sweep_batch(lm, prompt_ids, base, list(cfg.taus), control, run, runner_factory)):
             result["measured"] = join_measured(rows, result["variants"]["model"]["tokens_per_pass"])
-            yield LabProgress("decoding", i + 1, len(cfg.taus), "decoding the prompts at each τ", result)
+            yield LabProgress("decoding", i + 1, len(cfg.taus), "decoding the prompts at each τ", result,
+                              answers=answers)
         if control is not None and control.cancelled:
             return
         seconds["decoding"] = time.perf_counter() - t0
         result["seconds"] = dict(seconds)
-    yield LabProgress("done", 1, 1, "done", result, dict(seconds))
+    yield LabProgress("done", 1, 1, "done", result, dict(seconds), answers)
 
 
 def join_measured(rows: list[dict], predicted: list[dict]) -> list[dict]:
