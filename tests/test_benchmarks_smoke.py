@@ -183,3 +183,13 @@ def test_app_defaults(tiny_dir, tmp_path):
     assert rows["verified:2:4"]["equals_ar"] == 2  # lossless: AR's text on both prompts
     assert rows["mars:3:0.9"]["equals_ar"] is None and all(r["tokens"] > 0 for r in rows.values())
     assert "verified:2:4" in text
+
+
+def test_machine_probe(tmp_path):
+    out = tmp_path / "probe.json"
+    text = bench("machine_probe", "--rounds", 1, "--calls", 2, "--json", out)
+    assert "the second thread" in text
+    res = json.loads(out.read_text())
+    assert set(res["gmac_per_s"]) == {f"{t} threads, {n} rows" for t in (1, 2) for n in (1, 16)}
+    assert all(len(v) == 1 and v[0] > 0 for v in res["gmac_per_s"].values())
+    assert set(res["second_thread_gain"]) == {"1 rows", "16 rows"}
