@@ -32,9 +32,9 @@ from mars.app.sweep import parse_taus, sweep
 from mars.app.accept_tab import build_accept_tab
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
-    DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, app_tree_nodes, backend_label,
-    chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config, max_new_tokens_limit,
-    mode_block, text_every_s,
+    DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, app_cut_costs, app_tree_nodes,
+    backend_label, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
+    max_new_tokens_limit, mode_block, text_every_s,
 )
 from mars.decoding.decoder import DEFAULT_BLOCK_SIZE, DecodeControl
 
@@ -225,7 +225,7 @@ class MarsApp:
         rows = [("model", d["model"]), ("trained block size", d["trained_block_size"] or "unknown"),
                 ("mask token", mask), ("adapter", adapter), ("device", d["device"]), ("dtype", d["dtype"]),
                 ("backend", backend_label(lm))]
-        costs = next(iter(getattr(lm, "pass_costs", {}).values()), None)  # measured at warm-up (inputs.app_pass_costs)
+        costs = app_cut_costs(lm)  # measured at warm-up (inputs.app_pass_costs); None under MARS_TREE_CUT=0
         if costs is not None and len(costs.by_width) > 1:
             rows.append(("tree size", f"measured at start-up: an input more costs +{100 * (costs.by_width[1] - 1):.0f}% "
                          f"of a one-input pass here, mask inputs +{100 * costs.group:.0f}% on top; each tree sends "

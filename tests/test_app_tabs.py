@@ -116,6 +116,23 @@ def test_model_panel_names_what_int8_runs_on(ui, monkeypatch, env):
     assert "int8 runs on tensor fallback: MARS_C_KERNELS=0" in table
 
 
+def test_model_panel_shows_the_table_that_cuts_trees_and_none_under_tree_cut_0(ui, lm, monkeypatch, env):
+    """The "tree size" row reads the served backend's table through the same gate as every run
+    (inputs.app_cut_costs): under MARS_TREE_CUT=0 no table cuts a tree, so the panel names none."""
+    from mars.app.inputs import app_backend
+    from mars.decoding.costs import PassCosts
+    from mars.runtime.backends import resolve_backend
+
+    env.unset("MARS_BACKEND")
+    served = resolve_backend(ui.holder.get().model, app_backend())
+    monkeypatch.setattr(lm, "pass_costs", {"other": PassCosts((1.0, 9.0), 0.5), served: PassCosts((1.0, 1.25), 0.1)})
+    _, table, *_ = ui.model_info()
+    assert "tree size" in table and "+25% of a one-input pass" in table and "+10% on top" in table
+    env.set("MARS_TREE_CUT", "0")
+    _, table, *_ = ui.model_info()
+    assert "tree size" not in table
+
+
 @pytest.mark.parametrize("make", [tabs.BatchSession, AcceptSession])
 def test_a_tab_session_stops_its_run_and_keeps_one_folder_until_the_visitor_leaves(make):
     import os

@@ -4,6 +4,13 @@ The server runs in a thread on 127.0.0.1 with the tiny model saved by `save_tiny
 (loaded through the app's default provider). The model is wrapped so a run lasts long enough for a person,
 or this test, to act during it: ~50 ms per forward pass, and its EOS logit suppressed.
 
+Its trees are whole: the server runs with MARS_TREE_CUT=0 (every tree sends its N nodes and its mask group), so
+what a verified run drafts, strikes and shows in the tree inspector depends on the model alone. Cut by pass costs
+it would depend on the load: the warm-up times the tiny model's sub-millisecond passes, where a busy machine's
+scheduling sets the slope (under two CPU hogs it measured +20% to +650% an input, and at those a tree sends no
+draft on pass 1, or none at all), while this server's passes cost ~50 ms whatever their width. The cut has its
+own tests (tests/test_costs.py).
+
 `MARS_BROWSER_DEFAULT=1 pytest -m slow tests/test_browser.py -s` runs the same flow on the default model,
 prints the time from pressing Generate to the first coloured group, and writes assets/screenshot.png.
 Skipped cleanly when /usr/bin/chromium or the playwright package is missing.
@@ -47,20 +54,29 @@ def slow_backend(delay: float = 0.05):
 
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory):
+    """The app on the tiny model, its trees whole (MARS_TREE_CUT=0, for as long as the server runs: the setting is
+    asked at warm-up and again by every run): see the module docstring."""
+    from mars import settings
+    from mars.app.inputs import app_cut_costs
     from mars.app.serving import default_provider
     from tiny import save_tiny
 
     folder = save_tiny(tmp_path_factory.mktemp("tiny") / "model")
-    old = os.environ.get("MARS_MODEL")
-    os.environ["MARS_MODEL"] = str(folder)
-    base = default_provider()
-    try:
-        demo, url = serve(base)
-    finally:
-        os.environ.pop("MARS_MODEL") if old is None else os.environ.__setitem__("MARS_MODEL", old)
-    demo.mars_app.holder.backend = slow_backend()
-    yield url
-    demo.close()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MARS_TREE_CUT", "0")
+        old = os.environ.get("MARS_MODEL")
+        os.environ["MARS_MODEL"] = str(folder)
+        settings.reload()
+        base = default_provider()
+        try:
+            demo, url = serve(base)
+        finally:
+            os.environ.pop("MARS_MODEL") if old is None else os.environ.__setitem__("MARS_MODEL", old)
+        demo.mars_app.holder.backend = slow_backend()
+        assert app_cut_costs(demo.mars_app.holder.get()) is None  # no table cuts this server's trees
+        yield url
+        demo.close()
+    settings.reload()
 
 
 def open_app(browser, url):

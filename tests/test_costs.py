@@ -161,6 +161,31 @@ def test_the_app_measures_costs_at_warm_up_and_its_trees_use_them(tiny_lm, monke
     assert app_pass_costs(tiny_lm, "fast") is None
 
 
+def test_tree_cut_0_sends_whole_trees_even_with_a_table_on_the_model(tiny_lm, monkeypatch, env):
+    """MARS_TREE_CUT=0 holds where each run's config is fitted, not only where the table is measured: a table
+    already on the model (measured while the setting was on; here a loaded machine's, where no draft pays) cuts
+    no tree, and the run sends its N nodes every pass, as with no table at all."""
+    from mars.app.inputs import fit_to_model, make_config
+
+    loaded = PassCosts(tuple(1.0 + 3.0 * w for w in range(8)), 0.01)  # each input +300%: no draft pays for itself
+    monkeypatch.setattr(tiny_lm, "pass_costs", {"fast": loaded})
+    cfg = make_config("verified", 0.0, 2, 16, tree_nodes=4, backend="fast")
+    ids = encode_prompt(tiny_lm.tokenizer, PROMPTS[0])
+
+    def sent(config):
+        return [s.drafts_sent for s in generate_ids(tiny_lm, [ids], config)[0].steps[1:]]  # pass 0: no drafts yet
+
+    cut = fit_to_model(tiny_lm, cfg)[0]
+    assert cut.pass_costs == loaded.by_width and cut.group_cost == loaded.group
+    assert set(sent(cut)) == {0}  # the cut is live: this table sends no draft
+
+    env.set("MARS_TREE_CUT", "0")
+    whole = fit_to_model(tiny_lm, cfg)[0]
+    assert whole.pass_costs is None and whole.group_cost is None
+    assert tiny_lm.pass_costs == {"fast": loaded}  # the table stays: the setting, not the table, decides
+    assert sent(whole) == sent(cfg) and max(sent(whole)) == 4  # the same trees as with no table: N nodes a pass
+
+
 def test_a_failed_measurement_leaves_trees_whole_and_the_app_serving(tiny_lm, monkeypatch):
     from mars.app import inputs
 

@@ -82,6 +82,21 @@ def app_pass_costs(lm, backend: str):
     return lm.pass_costs[backend]
 
 
+def app_cut_costs(lm, backend: str | None = None):
+    """The table that cuts a tree on `backend` (mars.decoding.costs.PassCosts; default: the backend every visitor's
+    runs resolve to), or None: every tree then sends its N nodes and its mask group. MARS_TREE_CUT=0 is asked
+    here, where every run's config is fitted, and not only where the table is measured (app_pass_costs): a table
+    already on the model (measured while the setting was on, or set by a caller) must not cut a tree the
+    setting says is whole."""
+    if not settings.get().tree_cut:
+        return None
+    if backend is None:
+        from mars.runtime.backends import resolve_backend
+
+        backend = resolve_backend(lm.model, app_backend())
+    return getattr(lm, "pass_costs", {}).get(backend)
+
+
 def app_tree_nodes() -> int:
     """The tree-nodes slider's starting value. On a CPU (MARS_DEVICE resolved): the CPU's tree,
     mars.decoding.tree.DEFAULT_TREE_NODES["cpu"] (4 nodes, with DecodeConfig.tree_groups' one mask group: 1.10-1.13x
@@ -242,7 +257,7 @@ def fit_to_model(lm, cfg: DecodeConfig) -> tuple[DecodeConfig, list[str]]:
         return replace(cfg, mode="ar", block_size=1, drafts="mars", tree_nodes=0), notes
     if cfg.tree_nodes and cfg.drafts != "mars" and app_datastore(lm):
         cfg = replace(cfg, datastore=True)
-    costs = getattr(lm, "pass_costs", {}).get(cfg.backend)  # measured at warm-up (app_pass_costs)
+    costs = app_cut_costs(lm, cfg.backend)  # measured at warm-up (app_pass_costs); None under MARS_TREE_CUT=0
     if cfg.tree_nodes and cfg.pass_costs is None and costs is not None:
         # each pass sends only the nodes, and the mask group only while its drafts, pay for their inputs here
         cfg = replace(cfg, pass_costs=costs.by_width, group_cost=costs.group)
