@@ -56,6 +56,24 @@ def test_remeasure_reason_waits_for_its_interval_and_for_idle_then_on_drift_or_a
         DriftRule(tolerance=0)
 
 
+def test_a_table_only_1_input_passes_ran_under_is_measured_again_sooner():
+    """A table measured on a busy minute can price every draft out: then every pass is 1 wide and no drift can
+    show. It is measured again after unchecked_age_s, not after max_age_s; a table wider passes checked is not."""
+    rule = DriftRule(tolerance=0.25, min_passes=16, min_interval_s=100, max_age_s=1000, unchecked_age_s=300,
+                     idle_s=2)
+    only_ar = passes({(1, 0): 0.01})
+    assert remeasure_reason(TABLE, only_ar, measured_at=0, last_pass_at=190, now=200, rule=rule) is None  # too young
+    why = remeasure_reason(TABLE, only_ar, measured_at=0, last_pass_at=290, now=300, rule=rule)
+    assert why is not None and "only 1-input passes" in why
+    assert remeasure_reason(TABLE, only_ar, measured_at=0, last_pass_at=299, now=300, rule=rule) is None  # busy
+    checked = passes({(1, 0): 0.01, (3, 0): 0.0145})
+    assert remeasure_reason(TABLE, checked, measured_at=0, last_pass_at=290, now=300, rule=rule) is None
+    assert remeasure_reason(TABLE, [], measured_at=0, last_pass_at=290, now=300, rule=rule) is None  # nobody came
+    assert remeasure_reason(TABLE, passes({(1, 0): 0.01}, n=5), 0, 290, 300, rule) is None  # too few to say
+    with pytest.raises(ValueError, match="drift rule"):
+        DriftRule(unchecked_age_s=0)
+
+
 # ------------------------------------------------------------------------------------------- the keeper
 class Clock:
     def __init__(self):
@@ -109,6 +127,24 @@ def test_the_keeper_measures_again_when_the_passes_drift_and_not_before():
     assert keeper.history[-1]["backend"] == "fast-int8" and "differ" in keeper.history[-1]["reason"]
     clock.t = 1000
     assert keeper.tick(lm) == []  # the new table, no passes yet: nothing to measure
+
+
+def test_the_keeper_measures_again_a_table_that_priced_every_draft_out():
+    """Measured on a busy minute, the table made every input dear; the runs since sent no drafts, so every pass was
+    1 wide. The keeper measures it again once unchecked_age_s has passed, not at max_age_s."""
+    clock, slot = Clock(), Slot()
+    steep, calm = PassCosts((1.0, 4.0, 7.0, 10.0), 2.0), PassCosts((1.0, 1.1, 1.2, 1.3), 0.05)
+    keeper = CostKeeper(slot, DriftRule(min_passes=16, min_interval_s=100, max_age_s=1800, unchecked_age_s=300,
+                                        idle_s=2), clock, measure=lambda lm, backend: calm)
+    lm = SimpleNamespace(pass_costs={"fast-int8": steep})
+    keeper.measured("fast-int8")
+    for _ in range(40):
+        keeper.observe("fast-int8", rec(1, 0, 0.006))
+    clock.t = 200
+    assert keeper.tick(lm) == [] and slot.calls == 0
+    clock.t = 310
+    assert keeper.tick(lm) == ["fast-int8"] and lm.pass_costs["fast-int8"] is calm
+    assert "only 1-input passes" in keeper.history[-1]["reason"]
 
 
 def test_a_failed_measurement_keeps_the_old_table_and_waits_its_interval():

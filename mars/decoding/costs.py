@@ -129,11 +129,15 @@ class DriftRule:
     window: int = 400  # the recent passes kept (the race's AR passes give the 1-input base)
     min_interval_s: float = 120.0  # never two measurements closer than this (each is ~0.8 s of the model thread)
     max_age_s: float = 1800.0  # re-measure a table this old even when nothing drifted
+    # ... and sooner, this old, a table no wider pass has checked while 1-input passes ran: one measured on a busy
+    # minute can price every draft out, and then only 1-input passes run, which can never show it wrong
+    unchecked_age_s: float = 300.0
     idle_s: float = 2.0  # and only once no pass has run for this long: a visitor never waits behind it
 
     def __post_init__(self):
         if not (self.tolerance > 0 and self.min_passes >= 1 and self.window >= self.min_passes
-                and self.min_interval_s >= 0 and self.max_age_s > 0 and self.idle_s >= 0):
+                and self.min_interval_s >= 0 and self.max_age_s > 0 and self.unchecked_age_s > 0
+                and self.idle_s >= 0):
             raise ValueError(f"bad drift rule {self}: tolerance > 0, 1 <= min_passes <= window, times >= 0")
 
 
@@ -168,7 +172,9 @@ def remeasure_reason(table: PassCosts | None, passes, measured_at: float, last_p
                      rule: DriftRule = DriftRule()) -> str | None:
     """Why the table should be measured again now, or None: never within `min_interval_s` of the last
     measurement, nor within `idle_s` of the last pass; then when it is older than `max_age_s`, or the passes
-    run since it was measured drifted past `tolerance`."""
+    run since it was measured drifted past `tolerance`, or, older than `unchecked_age_s`, none of them could check
+    it: at least `min_passes` 1-input passes and no wider shape with enough passes (a table that cuts every tree
+    to nothing keeps every pass 1 wide)."""
     if table is None or now - measured_at < rule.min_interval_s or now - last_pass_at < rule.idle_s:
         return None
     if now - measured_at >= rule.max_age_s:
@@ -176,4 +182,8 @@ def remeasure_reason(table: PassCosts | None, passes, measured_at: float, last_p
     drift = cost_drift(table, passes, rule.min_passes)
     if drift is not None and drift > rule.tolerance:
         return f"the passes run differ from the table by {100 * drift:.0f}% (more than {100 * rule.tolerance:.0f}%)"
+    if drift is None and now - measured_at >= rule.unchecked_age_s \
+            and sum(1 for w, m, _ in passes if w == 1 and m == 0) >= rule.min_passes:
+        return (f"only 1-input passes ran in the table's {now - measured_at:.0f} s: no wider pass checked it "
+                "(a table that prices every draft out is never shown wrong)")
     return None
