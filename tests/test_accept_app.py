@@ -12,7 +12,8 @@ import gradio as gr
 import pytest
 
 from mars.app import accept_viz
-from mars.app.accept_tab import AcceptSession, make_accept_runner, parse_lab_prompts, reusable_answers
+from mars.app.accept_tab import (AcceptSession, make_accept_runner, parse_lab_prompts, previous_lab_answers,
+                                 reusable_answers)
 from mars.evaluation import acceptance_lab as lab
 from mars.evaluation.prompt_sets import SETS, SOURCE_KIND
 
@@ -137,6 +138,42 @@ def test_the_last_generate_is_reused_when_it_is_the_greedy_text_of_this_backend(
     assert reusable_answers(s, 128, "fast-int8") == {"v": {"ids": [4, 4, 4], "finished": True}}  # "q" was cut short
     s = Session(mars=run("mars", [4], "eos", prompt="m"), ar=run("ar", [1], "cancelled", prompt="c"))
     assert reusable_answers(s, 128, "fast-int8") == {}  # tau-rule text is not greedy; a cancelled run is unfinished
+
+
+def test_the_last_lab_runs_answers_are_reused_for_this_model_and_backend():
+    from types import SimpleNamespace
+
+    from mars.app.accept_inspect import LabCases
+
+    lm, other = SimpleNamespace(), SimpleNamespace()
+    answers = [lab.Answer("q", [1], [5, 6, 7, 2], finished=True), lab.Answer("r", [1], [8, 8], finished=False)]
+    cases = LabCases(1, lambda: lm, "m", "model", 4, "fast-int8", answers, {})
+    assert previous_lab_answers(cases, lm, 2, "fast-int8") == {"q": {"ids": [5, 6], "finished": False},
+                                                                 "r": {"ids": [8, 8], "finished": False}}
+    # "r" stopped at 2 new tokens: it says nothing about a third
+    assert previous_lab_answers(cases, lm, 8, "fast-int8") == {"q": {"ids": [5, 6, 7, 2], "finished": True}}
+    assert previous_lab_answers(cases, other, 8, "fast-int8") == {}  # another model
+    assert previous_lab_answers(cases, lm, 8, "hf") == {}  # another backend's greedy text may differ
+    assert previous_lab_answers(None, lm, 8, "fast-int8") == {}
+
+
+def test_analysing_again_at_another_b_reuses_the_answers_and_measures_the_same_text(tiny_lm):
+    runner = make_accept_runner(lambda: tiny_lm)
+    session = AcceptSession()
+    prompts = "what is the capital of france ?\nadd 2 + 3 = ?"
+
+    def answers(block_size, max_new):
+        last = list(runner(prompts, 0.5, block_size, max_new, "", False, session))[-1]
+        return json.loads(Path(last[6]["value"]).read_text())["answers"]
+
+    first = answers(4, 12)
+    assert [a["reused"] for a in first] == [False, False]
+    again = answers(3, 12)  # another B: the greedy answers are the same, so they are not generated again
+    assert [a["reused"] for a in again] == [True, True]
+    assert [a["text"] for a in again] == [a["text"] for a in first]
+    longer = answers(3, 16)  # longer than those answers could tell (unless they ended): generated again
+    assert [a["reused"] for a in longer] == [a["finished"] for a in first]
+    session.close()
 
 
 def test_the_handler_runs_through_the_slot_and_writes_parsing_files(tiny_lm):

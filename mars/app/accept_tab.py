@@ -30,7 +30,8 @@ from mars.evaluation.prompt_sets import SETS
 
 UPDATE_EVERY_S = 0.3  # the progress line at most this often
 OWN = "your prompts"
-INTRO = (f"Up to {MAX_PROMPTS} prompts: the model's greedy answer to each (the last Generate's is reused), then the "
+INTRO = (f"Up to {MAX_PROMPTS} prompts: the model's greedy answer to each (the last Generate's, or the last "
+         "analysis's, is reused), then the "
          "drafts of every mask depth measured **teacher-forced at every position** of those answers, in the training "
          "layout (a few forwards, not one per token). The tokens per pass they predict at each τ stand beside those "
          "measured by decoding the same prompts; **compare** measures the bare model (the adapter off) as well, to "
@@ -73,6 +74,21 @@ def reusable_answers(session, max_new_tokens: int, backend: str) -> dict:
         if run.finish_reason == "eos" or len(ids) >= max_new_tokens:
             out.setdefault(run.prompt, {"ids": ids[:max_new_tokens],
                                         "finished": run.finish_reason == "eos" and len(ids) <= max_new_tokens})
+    return out
+
+
+def previous_lab_answers(cases: LabCases | None, lm, max_new_tokens: int, backend: str) -> dict:
+    """{prompt: {"ids", "finished"}} from the visitor's last analysed lab run: its greedy answers do not depend on
+    B, tau or compare, so changing those and analysing again generates nothing again. Only when that run
+    measured this very model on this backend, and an answer covers `max_new_tokens` (it ended, or is as long)."""
+    if cases is None or cases.model() is not lm or cases.backend != backend:
+        return {}
+    out = {}
+    for a in cases.answers:
+        ids = list(a.answer_ids)
+        if a.finished or len(ids) >= max_new_tokens:
+            out.setdefault(a.prompt, {"ids": ids[:max_new_tokens],
+                                      "finished": a.finished and len(ids) <= max_new_tokens})
     return out
 
 
@@ -142,7 +158,8 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
         d = lm.describe()
         model = {"model": public_name(d["model"]), "adapter": public_name(d["adapter"]), "gated": d["gated"],
                  "trained_block_size": d["trained_block_size"], "backend": backend}
-        reuse = reusable_answers(main_session, cfg.max_new_tokens, backend) if main_session is not None else {}
+        reuse = {**previous_lab_answers(session.cases, lm, cfg.max_new_tokens, backend),
+                 **(reusable_answers(main_session, cfg.max_new_tokens, backend) if main_session is not None else {})}
         runner_factory = getattr(getattr(pass_slot, "holder", None), "backend", None)
         last, result = 0.0, None
         try:
