@@ -38,8 +38,13 @@ def main(argv=None) -> int:
                     help="mask rows a forward, one timing per value (1: one answer per forward)")
     ap.add_argument("--out", default=None, help="also write the numbers here (JSON)")
     ap.add_argument("--result", default=None, help="write the lab's own data here (JSON, as the tab's download)")
+    ap.add_argument("--probe", action="store_true",
+                    help="read benchmarks.machine_probe before and after (~3 s each): were both cores this run's?")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from benchmarks.machine_probe import reading
+
+    probes = {"before": reading()} if args.probe else {}
     load_before = os.getloadavg()
     lm = load(args.model, args.adapter)
     backend = resolve_backend(lm.model, args.backend)
@@ -81,6 +86,9 @@ def main(argv=None) -> int:
                    for k, v in times.items()},
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
     }
+    if args.probe:
+        probes["after"] = reading()
+        report["machine_probe"] = probes
     print(json.dumps(report, indent=1))
     if args.out:
         with open(args.out, "w") as f:

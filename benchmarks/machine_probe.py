@@ -12,6 +12,8 @@ rounds) and what the second thread added.
     python -m benchmarks.machine_probe                     # ~10 s
     python -m benchmarks.machine_probe --rounds 30 --json probe.json
 
+`reading()` is the short form other benchmarks record before and after their timing (`--probe`).
+
 No model is loaded; it needs the C kernels (a C compiler).
 """
 
@@ -56,6 +58,28 @@ def probe(rounds: int, calls: int, rows=(1, 16), threads=(1, 2), m: int = 3072, 
     finally:
         torch.set_num_threads(before)
     return out
+
+
+def reading(rounds: int = 3, calls: int = 30) -> dict:
+    """A short probe (~3 s) for another benchmark's record, before and after its timing: the medians in GMAC/s
+    and what the second thread added at 16 rows ({"unavailable": why} without the C kernels). The thread count
+    is left as it was."""
+    from mars.runtime import kernels as K
+
+    if K.kernels() is None:
+        return {"unavailable": K.unavailable_reason()}
+    got = probe(rounds, calls)
+    med = {f"{t} threads, {n} rows": round(statistics.median(v) / 1e9, 1) for (t, n), v in got.items()}
+    return {"gmac_per_s": med, "second_thread_gain_16_rows":
+            round(statistics.median(got[(2, 16)]) / statistics.median(got[(1, 16)]), 2)}
+
+
+def reading_line(r: dict) -> str:
+    if "unavailable" in r:
+        return f"no probe: {r['unavailable']}"
+    m = r["gmac_per_s"]
+    return (f"int8 product {m['1 threads, 16 rows']} GMAC/s at 1 thread, {m['2 threads, 16 rows']} at 2 "
+            f"(the second thread x{r['second_thread_gain_16_rows']:.2f})")
 
 
 def main(argv=None) -> int:

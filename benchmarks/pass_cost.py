@@ -182,8 +182,13 @@ def main(argv=None) -> int:
                          "(2 threads' OpenMP waits then cost whole time slices), with --threads 1")
     ap.add_argument("--batch", type=int, default=1, help="rows a pass feeds, each W inputs after its own prompt")
     ap.add_argument("--out", default=None, help="also write the table as JSON here")
+    ap.add_argument("--probe", action="store_true",
+                    help="read benchmarks.machine_probe before and after (~3 s each): were both cores this run's?")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from benchmarks.machine_probe import reading, reading_line
+
+    probes = {"before": reading()} if args.probe else {}
     from mars.models.loading import load
 
     lm = load(args.model, adapter="none", dtype=args.dtype, device=args.device)
@@ -194,6 +199,10 @@ def main(argv=None) -> int:
     result = measure(models, args.backends, args.widths, args.rounds, args.prompt_len,
                      mask_id=lm.mask_token_id if args.masks else None, batch=args.batch,
                      clock=time.process_time if args.clock == "cpu" else time.perf_counter)
+    if args.probe:
+        probes["after"] = reading()
+        for when, r in probes.items():
+            print(f"machine {when}: {reading_line(r)}")
     for stat in ("median", "min"):
         print(f"\nms per pass ({stat} of {args.rounds} rounds) and ratio to the {args.widths[0]}-input pass; "
               f"{args.threads} thread(s), cached prefix {args.prompt_len}, batch {args.batch}, {args.clock} clock")
@@ -204,7 +213,7 @@ def main(argv=None) -> int:
                   f"route for {w} inputs")
     if args.out:
         Path(args.out).write_text(json.dumps({"threads": args.threads, "prompt_len": args.prompt_len, "batch": args.batch,
-                                              "ms_per_pass": result}, indent=2))
+                                              "ms_per_pass": result, "machine_probe": probes}, indent=2))
     return 0
 
 

@@ -38,9 +38,12 @@ def chat_data(tmp_path_factory):
 def test_pass_cost(tiny_dir, tmp_path):
     out = tmp_path / "pc.json"
     text = bench("pass_cost", "--model", tiny_dir, "--backends", "hf", "fast", "--widths", 1, 4, "--rounds", 2,
-                 "--prompt-len", 16, "--out", out)
-    assert "hf time / backend time" in text
+                 "--prompt-len", 16, "--out", out, "--probe")
+    assert "hf time / backend time" in text and "machine before:" in text and "machine after:" in text
     res = json.loads(out.read_text())
+    for when in ("before", "after"):  # the machine probe's reading, or why there is none
+        r = res["machine_probe"][when]
+        assert "unavailable" in r or (r["gmac_per_s"]["2 threads, 16 rows"] > 0 and r["second_thread_gain_16_rows"] > 0)
     for stat in ("median", "min"):
         assert set(res["ms_per_pass"][stat]) == {"hf", "fast"}
         assert all(ms > 0 for row in res["ms_per_pass"][stat].values() for ms in row.values())
@@ -166,9 +169,10 @@ def test_same_records(tiny_dir, tmp_path):
 def test_accept_lab(tiny_dir, tmp_path):
     out = tmp_path / "lab.json"
     text = bench("accept_lab", "--model", tiny_dir, "--adapter", "none", "--backend", "hf", "--max-new-tokens", 8,
-                 "--rounds", 1, "--threads", 1, "--out", out)
+                 "--rounds", 1, "--threads", 1, "--out", out, "--probe")
     data = json.loads(out.read_text())
     assert json.loads(text) == data and data["prompts"] == 16 and data["answer_tokens"] > 0
+    assert set(data["machine_probe"]) == {"before", "after"}
     packed, alone = data["drafts"]["1024 rows per forward"], data["drafts"]["one answer per forward"]
     assert packed["forwards"] < alone["forwards"] and packed["min_s"] > 0
 
