@@ -59,6 +59,14 @@ def parse_lab_prompts(text, check: Callable[[str], str] | None = None) -> list[s
     return out
 
 
+def _answer_within(ids, ended: bool, max_new_tokens: int) -> dict | None:
+    """A greedy answer cut to `max_new_tokens` ({"ids", "finished"}), or None where it stopped short of them
+    without ending: it says nothing about the tokens after."""
+    if not ended and len(ids) < max_new_tokens:
+        return None
+    return {"ids": list(ids[:max_new_tokens]), "finished": ended and len(ids) <= max_new_tokens}
+
+
 def reusable_answers(session, max_new_tokens: int, backend: str) -> dict:
     """{prompt: {"ids", "finished"}} from the visitor's last Generate: its AR run, or its verified run (lossless:
     the same greedy text), when finished with the same backend and at least as many new tokens allowed."""
@@ -70,10 +78,9 @@ def reusable_answers(session, max_new_tokens: int, backend: str) -> dict:
         greedy = c.mode == "ar" or (c.mode == "verified" and c.temperature == 0)
         if not greedy or c.backend != backend:
             continue
-        ids = list(run.token_ids)
-        if run.finish_reason == "eos" or len(ids) >= max_new_tokens:
-            out.setdefault(run.prompt, {"ids": ids[:max_new_tokens],
-                                        "finished": run.finish_reason == "eos" and len(ids) <= max_new_tokens})
+        got = _answer_within(run.token_ids, run.finish_reason == "eos", max_new_tokens)
+        if got is not None:
+            out.setdefault(run.prompt, got)
     return out
 
 
@@ -85,10 +92,9 @@ def previous_lab_answers(cases: LabCases | None, lm, max_new_tokens: int, backen
         return {}
     out = {}
     for a in cases.answers:
-        ids = list(a.answer_ids)
-        if a.finished or len(ids) >= max_new_tokens:
-            out.setdefault(a.prompt, {"ids": ids[:max_new_tokens],
-                                      "finished": a.finished and len(ids) <= max_new_tokens})
+        got = _answer_within(a.answer_ids, a.finished, max_new_tokens)
+        if got is not None:
+            out.setdefault(a.prompt, got)
     return out
 
 
@@ -128,6 +134,14 @@ def _progress_text(p) -> str:
     return f"{p.note}: {what} {p.done} of {p.total}" if p.stage not in ("analysed", "done") else p.note
 
 
+def _slot_parts(pass_slot) -> tuple:
+    """(run, runner_factory) for the lab's forwards: the app's model thread (`pass_slot.run`) and its backend
+    (the holder's), or (None, None) where there is no slot (the lab's defaults: here, by the backend's name)."""
+    if pass_slot is None:
+        return None, None
+    return pass_slot.run, getattr(getattr(pass_slot, "holder", None), "backend", None)
+
+
 def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
     """The tab's run handler: a generator of (progress, 4 figures, table, JSON file, CSV file)."""
     from mars.app import inputs
@@ -160,11 +174,11 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
                  "trained_block_size": d["trained_block_size"], "backend": backend}
         reuse = {**previous_lab_answers(session.cases, lm, cfg.max_new_tokens, backend),
                  **(reusable_answers(main_session, cfg.max_new_tokens, backend) if main_session is not None else {})}
-        runner_factory = getattr(getattr(pass_slot, "holder", None), "backend", None)
+        run_on, runner_factory = _slot_parts(pass_slot)
         last, result = 0.0, None
         try:
-            for p in run_lab(lm, prompts, ids, cfg, run=pass_slot.run if pass_slot is not None else None,
-                             control=control, runner_factory=runner_factory, reuse=reuse, describe=model):
+            for p in run_lab(lm, prompts, ids, cfg, run=run_on, control=control, runner_factory=runner_factory,
+                             reuse=reuse, describe=model):
                 if p.result is not None and p.stage in ("analysed", "decoding", "done"):
                     if p.result is not result:  # this run's analysis, new: its table's rows are the ones to inspect
                         session.runs += 1
@@ -211,9 +225,9 @@ def make_case_inspector(get_lm: Callable[[], object], pass_slot=None):
             tau = check_tau(tau)
             cases = session.cases if session is not None else None
             kind, row, answer = find_case(cases, key, lm)
+            run_on, runner_factory = _slot_parts(pass_slot)
             rec = case_pass(lm, answer, row["position"], cases.block_size, tau, variant=cases.variant,
-                            backend=cases.backend, top_k=TOP_K, run=pass_slot.run if pass_slot is not None else None,
-                            runner_factory=getattr(getattr(pass_slot, "holder", None), "backend", None))
+                            backend=cases.backend, top_k=TOP_K, run=run_on, runner_factory=runner_factory)
         except ValueError as e:
             raise gr.Error(str(e)) from None
         except Exception as e:  # the app keeps serving
