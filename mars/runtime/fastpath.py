@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from mars import settings
 from mars.runtime.attention import additive_mask
 from mars.runtime.cpu import bf16_unsupported_reason
-from mars.runtime.linear import Gate, Linear
+from mars.runtime.linear import Gate, Linear, layer_groups
 
 SUPPORTED_TYPES = ("llama", "qwen2")
 LAYOUTS = ("auto", "packed", "linear")
@@ -83,20 +83,17 @@ def _matrix(mods: list, layout: str, wdtype: torch.dtype, lora: tuple | None = N
 class _Layer:
     def __init__(self, layer, layout: str, wdtype: torch.dtype, gated=None, names: dict | None = None,
                  rounded: dict | None = None, index: int = 0):
-        a, m = layer.self_attn, layer.mlp
-
         def lin(mods, group):  # fused Linear, with the gated adapter's deltas of these modules when there is one
             lora = gated.fused({names[mod]: mod for mod in mods}) if gated is not None else None
             return _matrix(mods, layout, wdtype, lora, None if rounded is None else rounded[f"{index}.{group}"])
+
+        groups = layer_groups(layer)
 
         self.ln1 = layer.input_layernorm.weight.detach()  # shared with the model, not copied
         self.ln2 = layer.post_attention_layernorm.weight.detach()
         self.eps1 = layer.input_layernorm.variance_epsilon
         self.eps2 = layer.post_attention_layernorm.variance_epsilon
-        self.qkv = lin([a.q_proj, a.k_proj, a.v_proj], "qkv")
-        self.o = lin([a.o_proj], "o")
-        self.gate_up = lin([m.gate_proj, m.up_proj], "gate_up")
-        self.down = lin([m.down_proj], "down")
+        self.qkv, self.o, self.gate_up, self.down = (lin(groups[g], g) for g in ("qkv", "o", "gate_up", "down"))
 
 
 class KVCache:

@@ -16,7 +16,7 @@ import torch
 
 from mars import settings
 from mars.runtime import calibration, rounding
-from mars.runtime.linear import fuse
+from mars.runtime.linear import fuse, layer_groups
 
 VERSION = 1  # bump when the rule changes in a way the settings hashed below do not show
 
@@ -24,13 +24,8 @@ VERSION = 1  # bump when the rule changes in a way the settings hashed below do 
 def groups(model) -> dict:
     """{name: [modules]}: the matrices the fast path fuses (q|k|v, o, gate|up, down per layer; the LM head),
     each group's modules reading the same input."""
-    out = {}
-    for i, layer in enumerate(model.model.layers):
-        a, m = layer.self_attn, layer.mlp
-        out[f"{i}.qkv"] = [a.q_proj, a.k_proj, a.v_proj]
-        out[f"{i}.o"] = [a.o_proj]
-        out[f"{i}.gate_up"] = [m.gate_proj, m.up_proj]
-        out[f"{i}.down"] = [m.down_proj]
+    out = {f"{i}.{group}": mods for i, layer in enumerate(model.model.layers)
+           for group, mods in layer_groups(layer).items()}
     out["head"] = [model.lm_head]
     return out
 
@@ -52,15 +47,14 @@ def _key(model) -> str:
 def round_model(model) -> dict:
     """{group name: W_q (out, in) int8}: every fused matrix rounded with error feedback on the moments of its
     input over the model's calibration text, on quantize_weight's grid."""
-    from mars.runtime.quant import WEIGHT_MAX, quantize_weight
+    from mars.runtime.quant import WEIGHT_MAX, weight_scale
 
     fused = groups(model)
     moments = calibration.input_moments(model, fused)
     out = {}
     for name, mods in fused.items():
         w = fuse(mods)[0].float()
-        _, scale = quantize_weight(w)
-        out[name] = rounding.gptq_round(w, moments[name], scale, WEIGHT_MAX)
+        out[name] = rounding.gptq_round(w, moments[name], weight_scale(w), WEIGHT_MAX)
     return out
 
 

@@ -113,6 +113,14 @@ class Gate:
 
 
 
+def layer_groups(layer) -> dict[str, list]:
+    """A decoder layer's matrices as the fast path fuses them, each group's modules reading the same input:
+    {"qkv": [q, k, v], "o": [o], "gate_up": [gate, up], "down": [down]} (the int8 rounding names them alike)."""
+    a, m = layer.self_attn, layer.mlp
+    return {"qkv": [a.q_proj, a.k_proj, a.v_proj], "o": [a.o_proj], "gate_up": [m.gate_proj, m.up_proj],
+            "down": [m.down_proj]}
+
+
 def fuse(mods: list) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight, bias) of Linear modules side by side: outputs concatenated (a missing bias is zeros)."""
     w = torch.cat([m.weight.detach() for m in mods])

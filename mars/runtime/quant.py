@@ -63,9 +63,14 @@ WEIGHT_MAX = 64  # |W_q| bound: exact integer products on every x86 ISA (see the
 ACT_MAX = 127
 
 
+def weight_scale(w: torch.Tensor) -> torch.Tensor:
+    """s_w float (out,): the int8 grid's step, one per output channel (row of W), symmetric."""
+    return w.abs().amax(dim=1).clamp_min(torch.finfo(w.dtype).tiny) / WEIGHT_MAX
+
+
 def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W_q int8 (out, in), s_w float (out,)): symmetric, one scale per output channel (row of W)."""
-    scale = w.abs().amax(dim=1).clamp_min(torch.finfo(w.dtype).tiny) / WEIGHT_MAX  # (out,)
+    """(W_q int8 (out, in), s_w float (out,)): each weight rounded to its nearest point of weight_scale's grid."""
+    scale = weight_scale(w)
     q = torch.round(w / scale[:, None]).clamp_(-WEIGHT_MAX, WEIGHT_MAX).to(torch.int8)
     return q, scale
 
@@ -146,12 +151,13 @@ class Int8Linear(Linear):
         self.out_features = w.shape[0]
         self.in_features = w.shape[1]
         self.dtype = torch.int8
-        nearest, scale = quantize_weight(w)
         if qweight is None:
-            qweight = nearest
+            qweight, scale = quantize_weight(w)
         elif qweight.dtype != torch.int8 or qweight.shape != w.shape or int(qweight.short().abs().max()) > WEIGHT_MAX:
             raise ValueError(f"rounded weights must be int8 {tuple(w.shape)} with |W_q| <= {WEIGHT_MAX}, got "
                              f"{qweight.dtype} {tuple(qweight.shape)}")
+        else:
+            scale = weight_scale(w)  # the grid they were rounded on
         self.scale = scale.to(dtype)
         self.scale32 = scale  # float32, for the C rescale
         self.bias32 = None if self.bias is None else self.bias.float().contiguous()
