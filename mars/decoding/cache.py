@@ -62,7 +62,8 @@ class BlockCache:
             counts = [0] * len(counts)
         n = max((s + c for s, c in zip(starts, counts) if c), default=0)
         cols = torch.arange(n)[None, :]  # (1, n): the pass's window columns kept, holes included
-        new = (cols >= torch.tensor(starts)[:, None]) & (cols < torch.tensor(starts)[:, None] + torch.tensor(counts)[:, None])
+        lo = torch.tensor(starts)[:, None]
+        new = (cols >= lo) & (cols < lo + torch.tensor(counts)[:, None])
         self.key_ok = torch.cat([self.key_ok, new], dim=1)
         self.runner.truncate(self.length)
         return list(counts)
