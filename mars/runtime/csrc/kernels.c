@@ -505,6 +505,20 @@ static inline void block_rescale(const int8_t *wb, int32_t s[][OB], const qrows 
                                  int64_t ldr, float *y, int64_t ldy) {
     float out[MAXROWS][OB];
     block_outliers(wb, x->n, x->ov, x->oi, out);
+#if OB == 8 && defined(__AVX2__)
+    if (o1 - o0 == OB) {  /* a whole block: rescale's operations in its order, 8 outputs a vector (the same bits) */
+        const __m256i ws = _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(wsum + o0)), 7);  /* 128 wsum */
+        const __m256 swv = _mm256_loadu_ps(sw + o0);
+        for (int64_t i = 0; i < x->n; i++) {
+            const __m256 acc = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_loadu_si256((const __m256i *)s[i]), ws));
+            __m256 v = _mm256_mul_ps(_mm256_add_ps(_mm256_mul_ps(acc, _mm256_set1_ps(x->sx[i])), _mm256_loadu_ps(out[i])), swv);
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + o0));
+            if (res) v = _mm256_add_ps(_mm256_loadu_ps(res + i * ldr + o0), v);
+            _mm256_storeu_ps(y + i * ldy + o0, v);
+        }
+        return;
+    }
+#endif
     for (int64_t i = 0; i < x->n; i++)
         for (int64_t o = o0; o < o1; o++)
             y[i * ldy + o] = rescale((float)(s[i][o - o0] - 128 * wsum[o]), out[i][o - o0], x->sx[i], sw[o],
