@@ -71,10 +71,30 @@ def test_quantized_rows_keep_the_largest_values_apart():
     assert q[1].eq(0).all() and ov[1].eq(0).all() and torch.isfinite(sx).all()
 
 
+class threads:
+    """torch's (and so the kernels' OpenMP) thread count inside the block, restored after."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __enter__(self):
+        self.was = torch.get_num_threads()
+        torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.was)
+
+
 @needs_c
 @pytest.mark.parametrize("m,k", [(37, 19), (48, 96), (960, 576), (16, 1536)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_c_product_equals_the_integer_product_and_the_tensor_rescale(m, k, bias):
+@pytest.mark.parametrize("n_threads", [2, 3])  # 3 on two cores: a thread late, its blocks taken by the others
+def test_c_product_equals_the_integer_product_and_the_tensor_rescale(m, k, bias, n_threads):
+    with threads(n_threads):
+        product_equals_the_integer_product(m, k, bias)
+
+
+def product_equals_the_integer_product(m, k, bias):
     g = torch.Generator().manual_seed(m + k)
     w = torch.randn(m, k, generator=g)
     q, sw = quantize_weight(w)
@@ -94,6 +114,30 @@ def test_c_product_equals_the_integer_product_and_the_tensor_rescale(m, k, bias)
         torch.testing.assert_close(y - res, reference_linear(x, w, b), rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="at most"):
         ck.gemv_rows(lib, ck.quant_rows(lib, rows(ck.MAX_C_ROWS + 1, k), kp), blocked, wsum, sw, b)
+
+
+@needs_c
+def test_c_product_with_its_delta_is_the_product_then_the_delta_on_any_thread_count():
+    """mars_gemv_rows with the gated delta fused in: the bits of the product alone then mars_lora_rows, on 1, 2
+    and 3 threads (a wide product's blocks are shared out as the threads come for them; each output is still
+    one thread's, its delta added by the thread that wrote it)."""
+    k, outs = 96, [40, 24, 24]
+    a, b = gated_lora(k, outs, [16, 8, 16])
+    lw = ck.LoraWeights.of(a, b, outs)
+    g = torch.Generator().manual_seed(3)
+    q, sw = quantize_weight(torch.randn(sum(outs), k, generator=g))
+    blocked, wsum = ck.block_weights(lib, q)
+    bias = torch.randn(sum(outs), generator=g)
+    for n in (1, 3, 8, 9, ck.MAX_C_ROWS):
+        x, h = rows(n, k, seed=n), torch.randn(n, k, generator=g)
+        xq = ck.quant_rows(lib, x, ck.padded(k))
+        gated = torch.arange(0, n, 2)  # every other row is a mask's
+        with threads(1):
+            want = ck.lora_rows(lib, h, gated, lw, ck.gemv_rows(lib, xq, blocked, wsum, sw, bias))
+        for t in (1, 2, 3):
+            with threads(t):
+                got = ck.gemv_rows(lib, xq, blocked, wsum, sw, bias, delta=(h, gated, lw))
+            assert torch.equal(got, want), (n, t)
 
 
 def fused_linear(shapes, seed=0, bias=False):
@@ -163,7 +207,8 @@ q[0] = 64; q[1] = -64  # the largest pair sums vpmaddubsw sees
 blocked, wsum = ck.block_weights(lib, q)
 x = torch.randn(6, 96, generator=g) * 7
 xq = ck.quant_rows(lib, x, ck.padded(96))
-y = ck.gemv_rows(lib, xq, blocked, wsum, sw, None)
+bias, res = torch.randn(40, generator=g), torch.randn(6, 40, generator=g)
+y = torch.stack([ck.gemv_rows(lib, xq, blocked, wsum, sw, None), ck.gemv_rows(lib, xq, blocked, wsum, sw, bias, res)])
 a, b, outs = (t.to(torch.float32) for t in torch.load(sys.argv[2]).values())
 h, d = torch.randn(6, a.shape[1], generator=g), torch.randn(6, b.shape[0], generator=g)
 ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, outs.long().tolist()), d)
@@ -221,7 +266,9 @@ def test_the_avx2_build_computes_the_same_numbers(tmp_path):
     xq = ck.quant_rows(lib, x, ck.padded(96))
     assert torch.equal(got["xq"][0][:, :96], xq.q[:, :96])  # the padding columns are never read as values
     assert all(torch.equal(u, v) for u, v in zip(got["xq"][1:], (xq.sx, xq.ov, xq.oi)))
-    assert torch.equal(got["y"], ck.gemv_rows(lib, xq, blocked, wsum, sw, None))
+    bias, res = torch.randn(40, generator=g), torch.randn(6, 40, generator=g)
+    assert torch.equal(got["y"][0], ck.gemv_rows(lib, xq, blocked, wsum, sw, None))
+    assert torch.equal(got["y"][1], ck.gemv_rows(lib, xq, blocked, wsum, sw, bias, res))  # the rescale's adds
     h, d = torch.randn(6, 96, generator=g), torch.randn(6, 64, generator=g)
     ck.lora_rows(lib, h, torch.tensor([1, 4, 5]), ck.LoraWeights.of(a, b, [40, 24]), d)
     assert torch.equal(got["lora"], d)  # the gated delta: the same sums in the same order (F16C either way)
