@@ -173,6 +173,8 @@ def test_accept_lab(tiny_dir, tmp_path):
     data = json.loads(out.read_text())
     assert json.loads(text) == data and data["prompts"] == 16 and data["answer_tokens"] > 0
     assert set(data["machine_probe"]) == {"before", "after"}
+    assert set(data["lab"]) == {"answers", "drafts", "analysis", "whole"}
+    assert data["lab"]["whole"]["min_s"] >= data["lab"]["drafts"]["min_s"] > 0 and data["lab"]["answers"]["rounds"]
     packed, alone = data["drafts"]["1024 rows per forward"], data["drafts"]["one answer per forward"]
     assert packed["forwards"] < alone["forwards"] and packed["min_s"] > 0
 
