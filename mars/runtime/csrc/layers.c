@@ -97,6 +97,16 @@ ALWAYS_INLINE __m512 scores_block(const __m512 *qv, const float *k0, int64_t hd,
 #if !defined(ATT512) && defined(VL) && VL == 8
 #define ATT256 1
 #endif
+
+/* A work item's keys come as runs: nr ranges [runs[2 r], runs[2 r + 1]) of ascending keys, each starting at a
+   multiple of 16 and ending at one or at T; the item's queries see no key outside them (mars_attend builds them
+   from the blocks of 16 keys its rows may see). A causal row's keys are one run; a row of the acceptance lab
+   sees two (its answer's ~200 clean keys and its group's masks among ~3000 keys), and the blocks between are
+   never visited. The blocks of 8 and 16 keys stay where they were, so the runs change no bit. j0 walks every
+   run in steps of `step`, je its run's end. */
+#define FOR_RUNS(j0, je, step) \
+    for (int64_t ri_ = 0; ri_ < nr; ri_++) \
+        for (int64_t j0 = runs[2 * ri_], je = runs[2 * ri_ + 1]; j0 < je; j0 += (step))
 #define ATT_Q 2  /* queries per values call: 2 x 4 vectors = 8 independent fma chains */
 #if defined(ATT256)
 #define ATT_G 16  /* queries per work item in a wide pass (attend_probs8, attend_values): keys read once for 16 */
@@ -164,14 +174,14 @@ static inline __m256 allowed8(uint64_t bytes) {
 
 #if defined(ATT256)
 /* The rest of one query's probabilities (the AVX2 branch of attend_probs, for attend_probs8): s holds its
-   scores over keys [0, T) (T rounded up to 8), mx their max over the allowed keys; s becomes the p, packed (T
+   scores over the runs' keys (T rounded up to 8), mx their max over the allowed keys; s becomes the p, packed (T
    rounded up to 16) the allowed keys' p side by side. Returns 1 / their sum, 0 where no key is allowed. */
-static float softmax8(float *s, int64_t T, const uint8_t *al, float mx, float *packed) {
+static float softmax8(float *s, const int64_t *runs, int64_t nr, const uint8_t *al, float mx, float *packed) {
     if (mx == -INFINITY) return 0.0f;
     const __m256 mv = _mm256_set1_ps(mx);
     int64_t cnt = 0;
-    for (int64_t j0 = 0; j0 < T; j0 += 8) {
-        const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+    FOR_RUNS(j0, je, 8) {
+        const int64_t nk = je - j0 < 8 ? je - j0 : 8;
         const uint64_t bytes = bytes8(al + j0, nk);
         if (!bytes) continue;  /* s not written: its keys' p are never read */
         const __m256 ok = allowed8(bytes);
@@ -188,14 +198,14 @@ static float softmax8(float *s, int64_t T, const uint8_t *al, float mx, float *p
     }
     /* the sum's 16 lanes: the tail's missing lanes add +0, no bit changes */
     for (int64_t i = cnt; i < (cnt + 15) / 16 * 16; i++) packed[i] = 0.0f;
-    __m256 lo = _mm256_setzero_ps(), hi = lo;
+    __m256 sum_lo = _mm256_setzero_ps(), sum_hi = sum_lo;
     for (int64_t i0 = 0; i0 < cnt; i0 += 16) {
-        lo = _mm256_add_ps(lo, _mm256_loadu_ps(packed + i0));
-        hi = _mm256_add_ps(hi, _mm256_loadu_ps(packed + i0 + 8));
+        sum_lo = _mm256_add_ps(sum_lo, _mm256_loadu_ps(packed + i0));
+        sum_hi = _mm256_add_ps(sum_hi, _mm256_loadu_ps(packed + i0 + 8));
     }
     float lanes[16], total = 0.0f;
-    _mm256_storeu_ps(lanes, lo);
-    _mm256_storeu_ps(lanes + 8, hi);
+    _mm256_storeu_ps(lanes, sum_lo);
+    _mm256_storeu_ps(lanes + 8, sum_hi);
     for (int l = 0; l < 16; l++) total += lanes[l];
     return 1.0f / total;
 }
@@ -204,13 +214,14 @@ static float softmax8(float *s, int64_t T, const uint8_t *al, float mx, float *p
    turn while it sits in L1 (a wide pass's keys are read from L2 once per group, not once per query); each
    query's own operations are those it has alone, on the blocks of 8 keys where it may see one. s[i]: query
    i's p (T rounded up to 16; blocks it may not see are not written: never read), inv[i]: 1 / their sum. */
-static void attend_probs8(const float *const *q, int nq, const float *kc, int64_t T, int64_t hd,
-                          const uint8_t *const *al, float scale, float *const *s, float *packed, float *inv) {
+static void attend_probs8(const float *const *q, int nq, const float *kc, const int64_t *runs, int64_t nr,
+                          int64_t hd, const uint8_t *const *al, float scale, float *const *s, float *packed,
+                          float *inv) {
     const __m256 sv = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     __m256 m[ATT_G];
     for (int i = 0; i < nq; i++) m[i] = ninf;
-    for (int64_t j0 = 0; j0 < T; j0 += 8) {
-        const int64_t nk = T - j0 < 8 ? T - j0 : 8;
+    FOR_RUNS(j0, je, 8) {
+        const int64_t nk = je - j0 < 8 ? je - j0 : 8;
         for (int i = 0; i < nq; i++) {
             const uint64_t bytes = bytes8(al[i] + j0, nk);
             if (!bytes) continue;  /* none of these keys allowed: a causal window's later rows, the acceptance
@@ -223,16 +234,16 @@ static void attend_probs8(const float *const *q, int nq, const float *kc, int64_
     for (int i = 0; i < nq; i++) {
         const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m[i]), _mm256_extractf128_ps(m[i], 1));
         const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        inv[i] = softmax8(s[i], T, al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
+        inv[i] = softmax8(s[i], runs, nr, al[i], _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1))), packed);
     }
 }
 #endif
 
-/* One query's probabilities over keys [0, T) (row stride hd in kc), written to s (T rounded up to 16); returns
-   1 / their sum, or 0 where no key is allowed (the output is then zeros). packed: scratch (T rounded up to 16),
-   the allowed keys' p side by side for the sum. */
-static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd, const uint8_t *al, float scale,
-                          float *s, float *packed) {
+/* One query's probabilities over the runs' keys (row stride hd in kc), written to s (T rounded up to 16);
+   returns 1 / their sum, or 0 where no key is allowed (the output is then zeros). packed: scratch (T rounded up
+   to 16), the allowed keys' p side by side for the sum. */
+static float attend_probs(const float *q, const float *kc, const int64_t *runs, int64_t nr, int64_t hd,
+                          const uint8_t *al, float scale, float *s, float *packed) {
     float mx = -INFINITY, lanes[16] = {0};
 #if defined(ATT512)
     if (hd % 16 == 0 && hd <= 256) {
@@ -240,8 +251,8 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
         const int64_t nc = hd / 16;
         for (int64_t c = 0; c < nc; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
         const __m512 sv = _mm512_set1_ps(scale);
-        for (int64_t j0 = 0; j0 < T; j0 += 16) {
-            const int64_t nk = T - j0 < 16 ? T - j0 : 16;
+        FOR_RUNS(j0, je, 16) {
+            const int64_t nk = je - j0 < 16 ? je - j0 : 16;
             const __mmask16 live = (__mmask16)((1u << nk) - 1u);
             const __mmask16 ok = _mm_mask_cmpneq_epi8_mask(live, _mm_maskz_loadu_epi8(live, al + j0), _mm_setzero_si128());
             const __m512 sc = _mm512_mul_ps(scores_block(qv, kc + j0 * hd, hd, nc, nk), sv);
@@ -252,8 +263,8 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
         if (mx == -INFINITY) return 0.0f;
         const __m512 mv = _mm512_set1_ps(mx);
         int64_t cnt = 0;
-        for (int64_t j0 = 0; j0 < T; j0 += 16) {
-            const int64_t nk = T - j0 < 16 ? T - j0 : 16;
+        FOR_RUNS(j0, je, 16) {
+            const int64_t nk = je - j0 < 16 ? je - j0 : 16;
             const __mmask16 live = (__mmask16)((1u << nk) - 1u);
             const __mmask16 ok = _mm_mask_cmpneq_epi8_mask(live, _mm_maskz_loadu_epi8(live, al + j0), _mm_setzero_si128());
             const __m512 p = _mm512_maskz_mov_ps(ok, vexp_poly(_mm512_sub_ps(_mm512_loadu_ps(s + j0), mv)));
@@ -270,14 +281,14 @@ static float attend_probs(const float *q, const float *kc, int64_t T, int64_t hd
     } else
 #endif
     {
-        for (int64_t j = 0; j < T; j++) {
+        FOR_RUNS(j, je, 1) {
             if (!al[j]) continue;
             s[j] = dot_row(q, kc + j * hd, hd) * scale;
             mx = s[j] > mx ? s[j] : mx;
         }
         if (mx == -INFINITY) return 0.0f;
         int64_t r = 0;
-        for (int64_t j = 0; j < T; j++) {
+        FOR_RUNS(j, je, 1) {
             s[j] = al[j] ? exp_poly(s[j] - mx) : 0.0f;
             if (al[j]) lanes[r++ & 15] += s[j];
         }
@@ -363,22 +374,47 @@ static void values_pairs(const float *const *p, const float *inv, int nq, const 
 }
 #endif
 
-static void attend_values(const float *const *p, const float *inv, int nq, const float *vc, int64_t T, int64_t hd,
-                          const uint8_t *const *al, float *const *out) {
+/* the first allowed key in [f, e), or e: 8 bytes at a time */
+static inline int64_t first_allowed(const uint8_t *a, int64_t f, int64_t e) {
+    uint64_t w;
+    while (f + 8 <= e && (memcpy(&w, a + f, 8), !w)) f += 8;
+    while (f < e && !a[f]) f++;
+    return f;
+}
+
+/* one past the last allowed key in [f, e), or f */
+static inline int64_t last_allowed(const uint8_t *a, int64_t f, int64_t e) {
+    uint64_t w;
+    while (e - 8 >= f && (memcpy(&w, a + e - 8, 8), !w)) e -= 8;
+    while (e > f && !a[e - 1]) e--;
+    return e;
+}
+
+/* The outputs over the runs' keys. Each output is its own chain of fmas in key order, carried in out from one
+   run or block to the next (stored and loaded exactly), so neither changes a bit. */
+static void attend_values(const float *const *p, const float *inv, int nq, const float *vc, const int64_t *runs,
+                          int64_t nr, int64_t hd, const uint8_t *const *al, float *const *out) {
 #if defined(VL)
     if (hd % VL == 0 && nq <= ATT_Q) {  /* every key at once (always so in the AVX-512 build) */
         for (int64_t d0 = 0; d0 < hd; d0 += 4 * VL) {
             const int64_t nv = (hd - d0) / VL < 4 ? (hd - d0) / VL : 4;
-            if (nv == 4 && nq == 2) values_cols(p, inv, 2, vc, 0, T, hd, al, out, d0, 4, 1, 1, 0);
-            else if (nv == 4 && nq == 1) values_cols(p, inv, 1, vc, 0, T, hd, al, out, d0, 4, 1, 1, 0);
-            else values_cols(p, inv, nq, vc, 0, T, hd, al, out, d0, nv, 1, 1, 0);
+            if (nr <= 1) {  /* one run (a causal row's keys; none: zeros): constant flags, acc in registers */
+                const int64_t j0 = nr ? runs[0] : 0, j1 = nr ? runs[1] : 0;
+                if (nv == 4 && nq == 2) values_cols(p, inv, 2, vc, j0, j1, hd, al, out, d0, 4, 1, 1, 0);
+                else if (nv == 4 && nq == 1) values_cols(p, inv, 1, vc, j0, j1, hd, al, out, d0, 4, 1, 1, 0);
+                else values_cols(p, inv, nq, vc, j0, j1, hd, al, out, d0, nv, 1, 1, 0);
+            } else {
+                for (int64_t r = 0; r < nr; r++)
+                    values_cols(p, inv, nq, vc, runs[2 * r], runs[2 * r + 1], hd, al, out, d0, nv, r == 0,
+                                r == nr - 1, 0);
+            }
         }
         return;
     }
     if (hd % VL == 0) {  /* blocks of ATT_KB keys; VQ queries at a time */
         for (int i = 0; i < nq; i++) memset(out[i], 0, (size_t)hd * 4);
-        for (int64_t j0 = 0; j0 < T; j0 += ATT_KB) {
-            const int64_t j1 = T - j0 < ATT_KB ? T : j0 + ATT_KB;
+        FOR_RUNS(j0, rend, ATT_KB) {
+            const int64_t j1 = rend - j0 < ATT_KB ? rend : j0 + ATT_KB;
             for (int i0 = 0; i0 < nq; i0 += VQ) {
                 const int nc = nq - i0 < VQ ? nq - i0 : VQ;
                 /* keys [js, jd): every query of these may see them; [jd, je): some may (a causal window's, a
@@ -386,9 +422,7 @@ static void attend_values(const float *const *p, const float *inv, int nq, const
                 int64_t js = j1, jd = j1, je = j0;
                 for (int k = 0; k < nc; k++) {
                     const uint8_t *a = al[i0 + k];
-                    int64_t f = j0, e = j1;
-                    while (f < j1 && !a[f]) f++;
-                    while (e > f && !a[e - 1]) e--;
+                    const int64_t f = first_allowed(a, j0, j1), e = last_allowed(a, f, j1);
                     js = f < js ? f : js;
                     je = e > je ? e : je;
                 }
@@ -424,7 +458,7 @@ static void attend_values(const float *const *p, const float *inv, int nq, const
     for (int i = 0; i < nq; i++) {
         float *o = out[i];
         for (int64_t d = 0; d < hd; d++) o[d] = 0.0f;
-        for (int64_t j = 0; j < T; j++) {
+        FOR_RUNS(j, rend, 1) {
             if (!al[i][j]) continue;
             const float *vr = vc + j * hd;
             for (int64_t d = 0; d < hd; d++) o[d] = fmaf(p[i][j], vr[d], o[d]);
@@ -454,7 +488,8 @@ static float *att_scratch(int64_t n) {
    (n x hd) for each row's position. The rotated k and the v of row (bi, i) go to cache column C + i of batch
    row bi: kc, vc (b x KV x cap x hd). allowed (b x W x (C + W)) 0/1, for every row of the pass. out (n x H hd):
    each query head's attention over its KV head's keys (query head h uses KV head h / (H / KV)), scaled by
-   1/sqrt(hd). A row's result does not depend on which other rows are named. */
+   1/sqrt(hd). A row's result does not depend on which other rows are named. A work item visits only the blocks
+   of 16 keys one of its rows may see (FOR_RUNS). */
 int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t hd, const float *cos,
                  const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out,
                  const int64_t *at, int64_t n) {
@@ -494,6 +529,27 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
        1-token pass. A query's result does not depend on G. */
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t rep = H / KV, Tp = (T + 15) / 16 * 16;
+    /* per row, a bit for each block of 16 keys it may see one of: 2 loads a block, once a call (not per head) */
+    const int64_t nb = Tp / 16, words = (nb + 63) / 64;
+    uint64_t *seen = (uint64_t *)calloc((size_t)(n * words), 8);
+    if (!seen) return 2;
+    #pragma omp parallel for schedule(static) if (n * nb > 4096)
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *a = allowed + (at ? at[k] : k) * T;
+        uint64_t *bits = seen + k * words;
+        for (int64_t bl = 0; bl < nb; bl++) {
+            const int64_t j0 = bl * 16;
+            uint64_t w0 = 0, w1 = 0;
+            if (j0 + 16 <= T) {
+                memcpy(&w0, a + j0, 8);
+                memcpy(&w1, a + j0 + 8, 8);
+            } else {
+                memcpy(&w0, a + j0, (size_t)(T - j0 < 8 ? T - j0 : 8));
+                if (T - j0 > 8) memcpy(&w1, a + j0 + 8, (size_t)(T - j0 - 8));
+            }
+            if (w0 | w1) bits[bl >> 6] |= 1ull << (bl & 63);
+        }
+    }
 #if defined(_OPENMP)
     const int64_t threads = omp_get_max_threads();
 #else
@@ -509,30 +565,46 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         const int64_t nq = rep * (FIRST(bi + 1) - FIRST(bi));
         if (q0 >= nq) continue;
         const int nk = (int)(nq - q0 < G ? nq - q0 : G);
-        float *buf = att_scratch((G + 1) * Tp);  /* each query's p, then the packed sum's scratch */
+        /* each query's p, the packed sum's scratch, then the item's blocks (words) and runs (at most nb / 2 + 1) */
+        float *buf = att_scratch((G + 1) * Tp + 2 * words + 2 * nb + 4);
         if (!buf) { failed = 1; continue; }
+        uint64_t *um = (uint64_t *)(buf + (G + 1) * Tp);  /* 8-byte aligned: Tp is a multiple of 16 */
+        int64_t *runs = (int64_t *)(um + words), nr = 0;
         const int64_t base = (bi * KV + g) * cap * hd;
         const float *pr[ATT_G], *qr[ATT_G];
         float *sr[ATT_G];
         const uint8_t *alr[ATT_G];
         float inv[ATT_G], *outr[ATT_G];
+        memset(um, 0, (size_t)words * 8);
         for (int k = 0; k < nk; k++) {
             const int64_t qi = q0 + k, kk = FIRST(bi) + qi / rep, h = g * rep + qi % rep, r = at ? at[kk] : kk;
             pr[k] = sr[k] = buf + k * Tp;
             qr[k] = qkv + kk * F + h * hd;
             alr[k] = allowed + r * T;
             outr[k] = out + kk * H * hd + h * hd;
+            if (!k || kk != FIRST(bi) + (qi - 1) / rep)  /* a row's heads come one after another */
+                for (int64_t w = 0; w < words; w++) um[w] |= seen[kk * words + w];
+        }
+        for (int64_t bl = 0; bl < nb;) {  /* the blocks as runs of keys */
+            while (bl < nb && !(um[bl >> 6] >> (bl & 63) & 1)) bl++;
+            if (bl == nb) break;
+            const int64_t b0 = bl;
+            while (bl < nb && (um[bl >> 6] >> (bl & 63) & 1)) bl++;
+            runs[2 * nr] = b0 * 16;
+            runs[2 * nr + 1] = bl * 16 < T ? bl * 16 : T;
+            nr++;
         }
 #if defined(ATT256)
         if (hd % 16 == 0)
-            attend_probs8(qr, nk, kc + base, T, hd, alr, scale, sr, buf + G * Tp, inv);
+            attend_probs8(qr, nk, kc + base, runs, nr, hd, alr, scale, sr, buf + G * Tp, inv);
         else
 #endif
         for (int k = 0; k < nk; k++)
-            inv[k] = attend_probs(qr[k], kc + base, T, hd, alr[k], scale, sr[k], buf + G * Tp);
-        attend_values(pr, inv, nk, vc + base, T, hd, alr, outr);
+            inv[k] = attend_probs(qr[k], kc + base, runs, nr, hd, alr[k], scale, sr[k], buf + G * Tp);
+        attend_values(pr, inv, nk, vc + base, runs, nr, hd, alr, outr);
     }
 #undef FIRST
+    free(seen);
     return failed;
 }
 
