@@ -91,6 +91,84 @@ def test_the_fast_backend_measures_what_transformers_measures(pair):
         assert max(abs(a[k][1] - b[k][1]) for k in a) < 1e-4
 
 
+def lab_answers(lm, answers, backend, reuse=(), max_new=24, control=None, run=None):
+    """The lab's own greedy answers (greedy_answers) for `answers`' prompts, the ones in `reuse` taken as given:
+    (their Answers, the CleanKV, the steps' progress)."""
+    from mars.runtime.backends import make_backend
+
+    known = [list(a.prompt_ids) + (list(a.answer_ids[:-1]) if e in reuse else []) for e, a in enumerate(answers)]
+    todo = [e for e in range(len(answers)) if e not in reuse]
+    runner = make_backend(lm.model, backend, 1, 64)  # small: the cache grows as it must
+    steps = lab.greedy_answers(lm, known, todo, max_new, runner, run, control)
+    progress = []
+    while True:
+        try:
+            progress.append(next(steps))
+        except StopIteration as stop:
+            got = stop.value
+            break
+    if got is None:
+        return None, None, progress
+    tokens, eos_at, clean = got
+    out = [a if e in reuse else lab.Answer(a.prompt, a.prompt_ids, tokens[e], eos_at[e]) for e, a in enumerate(answers)]
+    return out, clean, progress
+
+
+@pytest.mark.parametrize("backend", ["hf", "fast", "fast-int8"])
+def test_the_answers_kv_serves_the_drafts_as_a_clean_forward_would(pair, backend):
+    """greedy_answers gives the decoder's AR text on the same backend, and the drafts read from the answers' own
+    KV (no clean forward) equal the drafts over a clean forward of their own: bit for bit on the int8 C
+    layers, whose attention reads a row's allowed keys in order wherever they sit; to rounding elsewhere.
+    One answer is reused (its tokens given, not generated), and the packs are small, so several mask forwards
+    read the one clean cache in turn."""
+    _, gated = pair
+    prompts = PROMPTS + ["a list of three colours", "count from one to ten"]
+    ids = [encode_prompt(gated.tokenizer, p) for p in prompts]
+    runs = generate_ids(gated, ids, DecodeConfig(mode="ar", block_size=1, max_new_tokens=24, backend=backend))
+    want = [lab.Answer(p, i, r.token_ids, r.finish_reason == "eos") for p, i, r in zip(prompts, ids, runs)]
+    assert len({len(a.answer_ids) for a in want}) > 1  # answers of several lengths: some end early
+    got, clean, progress = lab_answers(gated, want, backend, reuse={2})
+    assert [(a.answer_ids, a.finished) for a in got] == [(a.answer_ids, a.finished) for a in want]
+    assert [p.done for p in progress] == list(range(1, len(progress) + 1)) and progress[-1].stage == "answers"
+    assert clean.length == clean.runner.length == sum(len(a.prompt_ids) + len(a.answer_ids) - 1 for a in want)
+    if backend != "hf" or hasattr(clean.runner, "gather"):  # each answer's columns side by side, in order
+        assert [c for cs in clean.cols for c in cs] == list(range(clean.length))
+    kw = dict(backend=backend, rows_per_forward=16)
+    *_, (done, total, kept) = lab.teacher_forced(gated, got, 4, ("model", "bare"), clean=clean, **kw)
+    assert done == total == 2 * len(lab.packs(got, 4, 16)) > 4 and clean.runner.length == clean.length
+    *_, (_, _, fresh) = lab.teacher_forced(gated, got, 4, ("model", "bare"), **kw)
+    for v in ("model", "bare"):
+        a, b = kept[v], fresh[v]
+        assert torch.equal(a.example, b.example) and torch.equal(a.frontier, b.frontier)
+        assert torch.equal(a.pred, b.pred)
+        if backend == "fast-int8":
+            assert torch.equal(a.conf, b.conf)
+        else:
+            assert torch.allclose(a.conf, b.conf, atol=1e-9)
+
+
+def test_stop_ends_the_answers_within_a_step(pair):
+    _, gated = pair
+    control = DecodeControl()
+    seen = []
+
+    def run(fn, *args):
+        seen.append(fn)
+        if len(seen) == 3:
+            control.cancel()
+        return fn(*args)
+
+    answers, clean, progress = lab_answers(gated, answers_of(gated), "hf", control=control, run=run)
+    # the forward the Stop came in is the last one: its tokens are reported, no forward follows, nothing returned
+    assert answers is None and clean is None and len(seen) == 3 and len(progress) == 3
+    ids = [list(a.prompt_ids) for a in answers_of(gated)]
+    control = DecodeControl()
+    seen.clear()
+    events = list(lab.run_lab(gated, PROMPTS, ids, lab.LabConfig(max_new_tokens=24, taus=(), backend="hf"), run=run,
+                              control=control))
+    assert len(seen) == 3 and [e.stage for e in events] == ["answers"] * 3  # and no result
+
+
 def test_stop_ends_the_measurement_between_forwards(pair):
     _, gated = pair
     answers = answers_of(gated)

@@ -136,6 +136,30 @@ def test_kv_cache_truncate_select_reserve():
         c.truncate(2)  # cannot grow by truncating
 
 
+@pytest.mark.parametrize("backend", ["fast", "hf"])
+def test_gather_keeps_the_named_columns_in_their_new_order(tiny_lm, backend):
+    """gather(cols): the cache then holds exactly the old columns `cols`, in that order, and nothing else."""
+    from mars.runtime.backends import make_backend
+
+    runner = make_backend(tiny_lm.model, backend, 1, 4)
+    n = 7
+    runner.forward(torch.arange(3, 3 + n)[None], torch.arange(n)[None], torch.ones(1, n, n, dtype=torch.bool).tril(), [n - 1])
+
+    def kv():
+        if backend == "fast":
+            return runner.cache.k[:, :, :, :runner.length].clone(), runner.cache.v[:, :, :, :runner.length].clone()
+        return (torch.stack([la.keys for la in runner.cache.layers]), torch.stack([la.values for la in runner.cache.layers]))
+
+    k0, v0 = kv()
+    cols = [5, 1, 2, 6]
+    runner.gather(cols)
+    k1, v1 = kv()
+    assert runner.length == len(cols)
+    assert torch.equal(k1, k0[..., cols, :]) and torch.equal(v1, v0[..., cols, :])
+    with pytest.raises(ValueError, match="columns"):
+        runner.gather([4])  # past the 4 columns left
+
+
 @pytest.mark.parametrize("mode,tau,B", [("ar", 1.0, 4), ("mars", 1.0, 4), ("mars", 0.5, 4), ("mars", 0.0, 3),
                                         ("verified", 0.0, 4), ("jacobi", 0.0, 4)])
 def test_fast_and_hf_backends_decode_the_same_tokens_tiny(tiny_lm, mode, tau, B):

@@ -1,18 +1,19 @@
 """The acceptance lab (issue 43): how good each mask depth's drafts are, measured teacher-forced on the
 model's own greedy answers, for the adapter and for the bare model. Data out; the app and the CLI draw it.
 
-1. answers: each prompt's greedy answer (AR, batched; with a gated adapter that is the bare model's text).
+1. answers: each prompt's greedy answer (AR; with a gated adapter that is the bare model's text), decoded in
+   the layout below with every answer's KV kept (`greedy_answers`): the drafts read it, no clean forward again.
 2. drafts: at EVERY position f of an answer (the AR token answer[f], the window's last real token before it
    visible), the B-1 masks of a pass are scored against answer[f+1], ..., answer[f+B-1]: depth j (1..B-1)
-   drafts the token j places after the AR token, as the decoder's mask j-1 does. One forward per pack of
-   answers, in the training layout with every frontier at once:
-       [clean copy of answer 1 | clean copy of answer 2 | ...]            (one forward, its KV kept)
-       [groups of B-1 masks, one group per (answer, frontier)]            (one forward per variant)
+   drafts the token j places after the AR token, as the decoder's mask j-1 does. In the training layout
+   with every frontier at once, one row of the cache:
+       [clean copy of answer 1 | clean copy of answer 2 | ...]            (the answers' own KV, or one forward)
+       [groups of B-1 masks, one group per (answer, frontier)]            (one forward per variant and pack)
    A group at frontier f sees its own answer's clean tokens before f and the group's earlier masks (causal
    inside the group), nothing else: the rules of mars.decoding.masks with the block grid shifted to f (the
    training layout's shifted noisy copies, one per offset, without the last slot no pass reads). Answers
-   are packed into one row, positions restarting per answer, so a pack has no padding. The bare model's
-   groups reuse the clean KV: with a gated adapter real tokens run the bare model either way.
+   are packed into one row, positions restarting per answer, so there is no padding. The bare model's
+   groups read the same clean KV: with a gated adapter real tokens run the bare model either way.
 3. analysis (`analyse`): per depth a reliability table (binned confidence against the share right, with
    counts) and its expected calibration error; accuracy and confidence by depth; the tokens per pass these
    predict at each tau (the decoder's own acceptance rule, repeat guard included, applied to the drafts);
@@ -34,6 +35,7 @@ import torch
 
 MAX_PROMPTS = 16  # the app's and the CLI's cap: 16 answers of 128 tokens take ~20 s on two cores (int8)
 ROWS_PER_FORWARD = 1024  # mask rows per forward: a forward stays ~1 s on two cores (Stop acts between forwards)
+GATHER_EVERY = 16  # greedy_answers' steps between two gathers of each answer's KV (a gather: ~10 ms at 16 x 128)
 TOP = 10  # rows of each table
 VARIANTS = ("model", "bare")  # as loaded (with its adapter), and with a gated adapter closed
 CLASSES = ("word start", "word piece", "number", "punctuation", "code symbol", "other")
@@ -75,52 +77,78 @@ def draft_rows(answer_len: int, block_size: int) -> list[tuple[int, int]]:
 
 
 @dataclass
+class CleanKV:
+    """The answers' clean keys and values in one row of `runner`'s cache (the module doc's layout), for the
+    drafts to read: per answer its columns in position order (its prompt, then its answer but the last token:
+    all a draft may see). `greedy_answers` leaves them so; `length` columns in all."""
+
+    runner: object
+    cols: list[list[int]]
+    length: int
+
+
+@dataclass
 class Pack:
-    """Several answers in one row of the training layout (see the module doc): the clean forward's inputs and
-    mask, the mask forward's inputs and mask (its keys: the clean columns, then its own)."""
+    """Answers whose drafts share a forward (see the module doc): the mask forward's inputs and mask (its keys:
+    the clean columns, then its own), and, where the clean KV is not there yet (`clean_ids` not None), the
+    clean forward's inputs and mask."""
 
     examples: list[int]
-    clean_ids: torch.Tensor  # (1, Lc)
-    clean_pos: torch.Tensor  # (1, Lc)
-    clean_allowed: torch.Tensor  # (1, Lc, Lc) bool
     mask_pos: torch.Tensor  # (1, N)
     mask_allowed: torch.Tensor  # (1, N, Lc + N) bool
     rows: list[tuple[int, int, int]]  # per mask row: (example, frontier, depth)
     targets: torch.Tensor  # (N,) long
+    clean_ids: torch.Tensor | None = None  # (1, Lc)
+    clean_pos: torch.Tensor | None = None  # (1, Lc)
+    clean_allowed: torch.Tensor | None = None  # (1, Lc, Lc) bool
 
 
-def build_pack(answers: list[Answer], examples: list[int], block_size: int) -> Pack:
-    """The two forwards' inputs for answers `examples` (indices into `answers`)."""
+def build_pack(answers: list[Answer], examples: list[int], block_size: int, clean: CleanKV | None = None) -> Pack:
+    """The forwards' inputs for answers `examples` (indices into `answers`): the mask forward over `clean`'s
+    columns, or over a clean copy of these answers laid out here (clean None)."""
     B = block_size
-    clean, pos, seg = [], [], []
-    rows, targets, mpos, limit, mseg, group = [], [], [], [], [], []
+    fresh = clean is None
+    if fresh:  # the pack's own clean copy: its answers side by side, each causal on its own
+        ids, pos, seg, cols = [], [], [], {}
+        for e in examples:
+            seq = list(answers[e].prompt_ids) + list(answers[e].answer_ids)
+            cols[e] = list(range(len(ids), len(ids) + len(seq)))
+            ids += seq
+            pos += range(len(seq))
+            seg += [e] * len(seq)
+        Lc = len(ids)
+    else:
+        cols, Lc = clean.cols, clean.length
+    rows, targets, mpos, limit, group, spans = [], [], [], [], [], []
     g = 0
     for e in examples:
         a = answers[e]
-        seq = list(a.prompt_ids) + list(a.answer_ids)
-        P, start = len(a.prompt_ids), len(clean)
-        clean += seq
-        pos += range(len(seq))
-        seg += [e] * len(seq)
+        P, r0 = len(a.prompt_ids), len(rows)
         for f, j in draft_rows(len(a.answer_ids), B):
             if j == 1:
                 g += 1
             rows.append((e, f, j))
             targets.append(a.answer_ids[f + j])
             mpos.append(P + f + j - 1)  # the mask right after the AR token's column P + f, as in a pass
-            limit.append(start + P + f)  # clean columns [start, start + P + f): the prompt and answer[:f]
-            mseg.append(start)
+            limit.append(P + f)  # the answer's first P + f clean columns: the prompt and answer[:f]
             group.append(g)
-    Lc, N = len(clean), len(rows)
-    col = torch.arange(Lc)
-    seg_t = torch.tensor(seg)
-    clean_allowed = (seg_t[:, None] == seg_t[None, :]) & (col[None, :] <= col[:, None])  # causal per answer
-    lim, lo, grp = torch.tensor(limit), torch.tensor(mseg), torch.tensor(group)
-    to_clean = (col[None, :] >= lo[:, None]) & (col[None, :] < lim[:, None])  # (N, Lc)
-    r = torch.arange(N)
+        spans.append((e, r0, len(rows)))
+    N = len(rows)
+    to_clean = torch.zeros(N, Lc, dtype=torch.bool)
+    lim = torch.tensor(limit, dtype=torch.long)
+    for e, r0, r1 in spans:
+        if r1 > r0:
+            c = torch.tensor(cols[e][: int(lim[r0:r1].max())], dtype=torch.long)
+            to_clean[r0:r1, c] = torch.arange(len(c))[None, :] < lim[r0:r1, None]
+    grp, r = torch.tensor(group), torch.arange(N)
     to_own = (grp[:, None] == grp[None, :]) & (r[None, :] <= r[:, None])  # (N, N): causal inside the group
-    return Pack(list(examples), torch.tensor([clean]), torch.tensor([pos]), clean_allowed[None],
-                torch.tensor([mpos]), torch.cat([to_clean, to_own], 1)[None], rows, torch.tensor(targets))
+    pack = Pack(list(examples), torch.tensor([mpos]), torch.cat([to_clean, to_own], 1)[None], rows,
+                torch.tensor(targets))
+    if fresh:
+        seg_t, col = torch.tensor(seg), torch.arange(Lc)
+        pack.clean_ids, pack.clean_pos = torch.tensor([ids]), torch.tensor([pos])
+        pack.clean_allowed = ((seg_t[:, None] == seg_t[None, :]) & (col[None, :] <= col[:, None]))[None]
+    return pack
 
 
 def packs(answers: list[Answer], block_size: int, rows_per_forward: int = ROWS_PER_FORWARD) -> list[list[int]]:
@@ -156,9 +184,13 @@ def score(logits: torch.Tensor, depths: torch.Tensor, temperatures=None, scoring
 
 def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("model",), *, runner_factory=None,
                    backend: str = "auto", run: Callable | None = None, control=None,
-                   rows_per_forward: int = ROWS_PER_FORWARD) -> Iterator[tuple[int, int, dict | None]]:
+                   rows_per_forward: int = ROWS_PER_FORWARD,
+                   clean: CleanKV | None = None) -> Iterator[tuple[int, int, dict | None]]:
     """Measure the drafts; yields (forwards done, forwards in all, None) after each forward and finally
     (done, total, {variant: Drafts}). Stops (yielding nothing more) once `control` is cancelled.
+
+    clean: the answers' KV already in a runner (`greedy_answers`): the masks read it, no clean forward runs
+    (the cache is left as it came). None: each pack's clean copy is computed first, in a runner of its own.
 
     run(fn, *args): where each forward runs (the app's model thread: `pass_slot.run`); default here.
     runner_factory(model, cfg, batch, capacity): what runs the model (the decoder's `backend=`; default the
@@ -178,19 +210,23 @@ def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("model"
     cfg = DecodeConfig(mode="mars", block_size=block_size, backend=backend)
     temps = (getattr(lm, "calibration", None) or {}).get("temperatures")
     groups = packs(answers, block_size, rows_per_forward)
-    total, done = len(groups) * (1 + len(variants)), 0
+    total, done = len(groups) * (len(variants) + (clean is None)), 0
     found = {v: [] for v in variants}
     for ex in groups:
-        pack = build_pack(answers, ex, block_size)
-        Lc, N = pack.clean_ids.shape[1], len(pack.rows)
-        runner = (runner_factory or make_runner)(lm.model, cfg, 1, Lc + N)
+        pack = build_pack(answers, ex, block_size, clean)
+        N = len(pack.rows)
         mask_ids = torch.full((1, N), lm.mask_token_id, dtype=torch.long)
         depths = torch.tensor([j for _, _, j in pack.rows])
         if control is not None and control.cancelled:
             return
-        run(runner.forward, pack.clean_ids, pack.clean_pos, pack.clean_allowed, [Lc - 1])  # the KV the masks read
-        done += 1
-        yield done, total, None
+        if clean is not None:
+            runner, Lc = clean.runner, clean.length
+        else:
+            Lc = pack.clean_ids.shape[1]
+            runner = (runner_factory or make_runner)(lm.model, cfg, 1, Lc + N)
+            run(runner.forward, pack.clean_ids, pack.clean_pos, pack.clean_allowed, [Lc - 1])  # the KV the masks read
+            done += 1
+            yield done, total, None
         for v in variants:
             if control is not None and control.cancelled:
                 return
@@ -205,6 +241,8 @@ def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("model"
             found[v].append((pack, pred, conf))
             done += 1
             yield done, total, None
+        if clean is not None:
+            run(runner.truncate, Lc)  # the clean columns alone, as they came
     out = {}
     for v, parts in found.items():
         rows = [r for p, _, _ in parts for r in p.rows]
@@ -213,6 +251,75 @@ def teacher_forced(lm, answers: list[Answer], block_size: int, variants=("model"
         out[v] = Drafts(v, block_size, t[:, 0], t[:, 1], t[:, 2], cat([c for _, _, c in parts], torch.float32),
                         cat([p for _, p, _ in parts], torch.long), cat([p.targets for p, _, _ in parts], torch.long))
     yield done, total, out
+
+
+def greedy_answers(lm, known: list[list[int]], todo: list[int], max_new: int, runner, run: Callable | None = None,
+                   control=None):
+    """Greedy answers for the answers `todo` (indices into `known`), decoded in one row of `runner`'s cache with
+    every answer's KV kept: the module doc's layout, so the drafts need no clean forward of their own.
+
+    known[e]: the tokens answer e's columns start with: its prompt (a reused answer: its prompt and its answer
+    but the last token). A generator: yields LabProgress after each step (one forward through `run`), returns
+    ({e: new token ids}, {e: ended at EOS}, CleanKV), or None once `control` is cancelled. The token is the
+    decoder's AR choice (choose_and_score, greedy): the same text as mars.decoding.decoder's AR mode (tested),
+    which cannot serve here as it drops a finished row's KV. Each answer's columns are put side by side (the
+    runner's `gather`, where it has one) every GATHER_EVERY steps and at the end: a step appends one column per
+    answer, and a query whose keys lie one in 16 columns reads 8 keys for each of its own."""
+    from mars.decoding.acceptance import choose_and_score
+
+    run = run or (lambda fn, *a: fn(*a))
+    scoring = getattr(runner, "scoring", None)
+    eos = set(lm.eos_token_ids)
+
+    def step(ids, pos, allowed, keep):
+        logits = runner.forward(torch.tensor([ids]), torch.tensor([pos]), allowed[None], keep)[0]
+        return choose_and_score(logits, "prob", 0.0, None, scoring=scoring)[0].tolist()
+
+    def tidy():
+        if hasattr(runner, "gather"):
+            run(runner.gather, [c for cs in cols for c in cs])
+            at = 0
+            for cs in cols:
+                cs[:] = range(at, at + len(cs))
+                at += len(cs)
+
+    # the prefill: every answer's known tokens side by side, each causal on its own
+    ids, pos, seg, cols = [], [], [], []
+    for e, k in enumerate(known):
+        cols.append(list(range(len(ids), len(ids) + len(k))))
+        ids += k
+        pos += range(len(k))
+        seg += [e] * len(k)
+    seg_t, col = torch.tensor(seg), torch.arange(len(ids))
+    allowed = (seg_t[:, None] == seg_t[None, :]) & (col[None, :] <= col[:, None])
+    live = list(todo)
+    got, eos_at = {e: [] for e in live}, {e: False for e in live}
+    toks = run(step, ids, pos, allowed, [cols[e][-1] for e in live] or [len(ids) - 1])
+    n = 0
+    while live:
+        for e, t in zip(live, toks):
+            got[e].append(t)
+            eos_at[e] = t in eos
+        live = [e for e in live if not eos_at[e] and len(got[e]) < max_new]
+        n += 1
+        yield LabProgress("answers", n, max_new, f"generating {len(todo)} greedy answers")
+        if control is not None and control.cancelled:
+            return None
+        if not live:
+            break
+        if n % GATHER_EVERY == 0:
+            tidy()
+        # each live answer feeds its last token; it sees its own columns and itself
+        C = runner.length
+        allowed = torch.zeros(len(live), C + len(live), dtype=torch.bool)
+        for i, e in enumerate(live):
+            allowed[i, cols[e]] = True
+            allowed[i, C + i] = True
+            cols[e].append(C + i)
+        toks = run(step, [got[e][-1] for e in live], [len(known[e]) + len(got[e]) - 1 for e in live], allowed,
+                   list(range(len(live))))
+    tidy()
+    return got, eos_at, CleanKV(runner, cols, sum(map(len, cols)))
 
 
 class _nothing:
@@ -456,7 +563,7 @@ def run_lab(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: LabConfig,
     a LabProgress("done", result=the data). `reuse`: {prompt text: answer ids} already generated greedily
     with these settings (the visitor's last Generate), not generated again."""
     from mars.app.sweep import sweep_batch
-    from mars.decoding.decoder import DecodeConfig, decode_steps
+    from mars.decoding.decoder import DecodeConfig, check_context, make_runner
 
     if lm.mask_token_id is None:
         raise ValueError("this model has no mask token: it has no drafts to measure")
@@ -467,35 +574,28 @@ def run_lab(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: LabConfig,
     seconds = {}
     variants = variants_of(lm, cfg)
 
-    # 1. the greedy answers, as one AR batch (one pass a call)
+    # 1. the greedy answers, their KV kept for the drafts (one AR step a call)
     t0 = time.perf_counter()
     answers: list[Answer | None] = [None] * len(prompts)
-    todo = []
+    known, todo = [], []
     for i, (p, ids) in enumerate(zip(prompts, prompt_ids)):
         if p in reuse:
-            answers[i] = Answer(p, list(ids), list(reuse[p]["ids"])[: cfg.max_new_tokens], reuse[p]["finished"], True)
+            ans = list(reuse[p]["ids"])[: cfg.max_new_tokens]
+            answers[i] = Answer(p, list(ids), ans, reuse[p]["finished"], True)
+            known.append(list(ids) + ans[:-1])
         else:
             todo.append(i)
-    if todo:
-        ar = DecodeConfig(mode="ar", block_size=1, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend)
-        got = {i: [] for i in todo}
-        fin = {}
-        steps = decode_steps(lm, [prompt_ids[i] for i in todo], ar, control, backend=runner_factory)
-        k = 0
-        while True:
-            records = run(next, steps, None)
-            if records is None:
-                break
-            for rec in records:
-                got[todo[rec.row]] += rec.token_ids
-                if rec.finish_reason is not None:
-                    fin[todo[rec.row]] = rec.finish_reason
-            k += 1
-            yield LabProgress("answers", k, cfg.max_new_tokens, f"generating {len(todo)} greedy answers")
-        if control is not None and control.cancelled:
-            return
-        for i in todo:
-            answers[i] = Answer(prompts[i], list(prompt_ids[i]), got[i], fin.get(i) == "eos")
+            known.append(list(ids))
+    ar = DecodeConfig(mode="ar", block_size=1, max_new_tokens=cfg.max_new_tokens, backend=cfg.backend)
+    check_context(lm.model, max(len(k) for k in known), ar)
+    capacity = sum(map(len, known)) + len(todo) * cfg.max_new_tokens + cfg.rows_per_forward
+    runner = (runner_factory or make_runner)(lm.model, ar, 1, capacity)
+    got = yield from greedy_answers(lm, known, todo, cfg.max_new_tokens, runner, run, control)
+    if got is None or (control is not None and control.cancelled):
+        return
+    tokens, eos_at, clean = got
+    for i in todo:
+        answers[i] = Answer(prompts[i], list(prompt_ids[i]), tokens[i], eos_at[i])
     seconds["answers"] = time.perf_counter() - t0
 
     # 2. the drafts, teacher-forced
@@ -503,7 +603,7 @@ def run_lab(lm, prompts: list[str], prompt_ids: list[list[int]], cfg: LabConfig,
     drafts = None
     for done, total, found in teacher_forced(lm, answers, cfg.block_size, variants, runner_factory=runner_factory,
                                              backend=cfg.backend, run=run, control=control,
-                                             rows_per_forward=cfg.rows_per_forward):
+                                             rows_per_forward=cfg.rows_per_forward, clean=clean):
         if found is None:
             yield LabProgress("drafts", done, total, f"measuring the drafts ({' and '.join(variants)})")
         drafts = found

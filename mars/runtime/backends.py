@@ -5,6 +5,8 @@
     length        columns held in the KV cache
     truncate(n)   keep columns [0, n): drops mask and rejected-draft KV after a pass
     select(rows)  keep these batch rows (finished rows leave the batch)
+    gather(cols)  optional (hf, fast): keep these cached columns, in this order, as the first ones (the
+                  acceptance lab lays each answer's KV side by side; fast: the same bits, see KVCache.gather)
 
 `forward` feeds a window of W columns per row after the cached ones; `allowed` (b, W, length + W) says
 which keys each window input may attend to. A backend with `skips_padding` also takes `padding=` (b, W) bool:
@@ -68,6 +70,17 @@ class HFBackend:
         if self.cache is not None:
             self.cache.batch_select_indices(torch.tensor(rows, device=self.device))
 
+    def gather(self, cols: list[int]):
+        """Keep cached columns `cols`, in this order (FastBackend.gather)."""
+        if self.cache is None:
+            return
+        if any(not 0 <= c < self.length for c in cols):
+            raise ValueError(f"columns must be in [0, {self.length})")
+        idx = torch.tensor(cols, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, idx)
+            layer.values = layer.values.index_select(-2, idx)
+
 
 class FastBackend:
     scoring = C_SCORING  # greedy p(token) and top-k of its CPU float32 logits in one C call each
@@ -93,6 +106,10 @@ class FastBackend:
 
     def select(self, rows: list[int]):
         self.cache.select(rows)
+
+    def gather(self, cols: list[int]):
+        """Keep cached columns `cols`, in this order, as the first ones (mars.runtime.fastpath.KVCache.gather)."""
+        self.cache.gather(cols)
 
 
 def resolve_backend(model, name: str) -> str:

@@ -139,6 +139,19 @@ class KVCache:
         self.k = self.k.index_select(1, rows)
         self.v = self.v.index_select(1, rows)
 
+    def gather(self, cols: list[int]):
+        """Keep the valid columns `cols`, in this order, as columns [0, len(cols)) (the rest go). A row's
+        attention reads its allowed keys in column order, so a gather that keeps each row's keys in order
+        changes no result, only which keys sit side by side."""
+        if any(not 0 <= c < self.length for c in cols):
+            raise ValueError(f"columns must be in [0, {self.length})")
+        idx = torch.as_tensor(cols, dtype=torch.long, device=self.k.device)
+        n = idx.numel()
+        with torch.inference_mode():  # the cache's tensors are the forward's (inference tensors)
+            self.k[:, :, :, :n] = self.k.index_select(3, idx)
+            self.v[:, :, :, :n] = self.v.index_select(3, idx)
+        self.length = n
+
 
 class FastLM:
     """The lean forward over one transformers model's weights (see the module docstring)."""
