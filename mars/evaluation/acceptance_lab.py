@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 import torch
 
-MAX_PROMPTS = 16  # the app's and the CLI's cap: 16 answers of 128 tokens take ~20 s on two cores (int8)
+MAX_PROMPTS = 16  # the app's and the CLI's cap: 16 answers of 128 tokens take ~18-23 s on two cores (int8)
 ROWS_PER_FORWARD = 1024  # mask rows per forward: a forward stays ~1 s on two cores (Stop acts between forwards)
 GATHER_EVERY = 16  # greedy_answers' steps between two gathers of each answer's KV (a gather: ~10 ms at 16 x 128)
 TOP = 10  # rows of each table
