@@ -165,42 +165,37 @@ def test_the_answers_kv_serves_the_drafts_as_a_clean_forward_would(pair, backend
             assert torch.allclose(a.conf, b.conf, atol=1e-9)
 
 
-def test_stop_ends_the_answers_within_a_step(pair):
-    _, gated = pair
-    control = DecodeControl()
-    seen = []
+def stopping_run(after: int):
+    """(run, control, calls): a model-thread stand-in that records each call and presses Stop during call `after`."""
+    control, calls = DecodeControl(), []
 
     def run(fn, *args):
-        seen.append(fn)
-        if len(seen) == 3:
+        calls.append(fn)
+        if len(calls) == after:
             control.cancel()
         return fn(*args)
 
+    return run, control, calls
+
+
+def test_stop_ends_the_answers_within_a_step(pair):
+    _, gated = pair
+    run, control, calls = stopping_run(3)
     answers, clean, progress = lab_answers(gated, answers_of(gated), "hf", control=control, run=run)
     # the forward the Stop came in is the last one: its tokens are reported, no forward follows, nothing returned
-    assert answers is None and clean is None and len(seen) == 3 and len(progress) == 3
-    ids = [list(a.prompt_ids) for a in answers_of(gated)]
-    control = DecodeControl()
-    seen.clear()
+    assert answers is None and clean is None and len(calls) == 3 and len(progress) == 3
+    ids = [encode_prompt(gated.tokenizer, p) for p in PROMPTS]
+    run, control, calls = stopping_run(3)
     events = list(lab.run_lab(gated, PROMPTS, ids, lab.LabConfig(max_new_tokens=24, taus=(), backend="hf"), run=run,
                               control=control))
-    assert len(seen) == 3 and [e.stage for e in events] == ["answers"] * 3  # and no result
+    assert len(calls) == 3 and [e.stage for e in events] == ["answers"] * 3  # and no result
 
 
 def test_stop_ends_the_measurement_between_forwards(pair):
     _, gated = pair
-    answers = answers_of(gated)
-    control = DecodeControl()
-    calls = []
-
-    def run(fn, *args):
-        calls.append(fn)
-        if len(calls) == 2:
-            control.cancel()
-        return fn(*args)
-
-    out = list(lab.teacher_forced(gated, answers, 4, ("model", "bare"), backend="hf", run=run, control=control,
-                                  rows_per_forward=16))
+    run, control, calls = stopping_run(2)
+    out = list(lab.teacher_forced(gated, answers_of(gated), 4, ("model", "bare"), backend="hf", run=run,
+                                  control=control, rows_per_forward=16))
     assert len(calls) == 2 and all(found is None for _, _, found in out)
 
 

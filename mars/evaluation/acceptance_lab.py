@@ -105,20 +105,28 @@ class Pack:
     clean_allowed: torch.Tensor | None = None  # (1, Lc, Lc) bool
 
 
+def side_by_side(seqs: list[list[int]]) -> tuple[list[int], list[int], torch.Tensor, list[list[int]]]:
+    """Token sequences in one row of the layout (module doc): (ids, positions restarting per sequence, the mask
+    (L, L) bool, causal inside each sequence and nothing across, each sequence's columns)."""
+    ids, pos, seg, cols = [], [], [], []
+    for e, seq in enumerate(seqs):
+        cols.append(list(range(len(ids), len(ids) + len(seq))))
+        ids += seq
+        pos += range(len(seq))
+        seg += [e] * len(seq)
+    seg_t, col = torch.tensor(seg, dtype=torch.long), torch.arange(len(ids))
+    return ids, pos, (seg_t[:, None] == seg_t[None, :]) & (col[None, :] <= col[:, None]), cols
+
+
 def build_pack(answers: list[Answer], examples: list[int], block_size: int, clean: CleanKV | None = None) -> Pack:
     """The forwards' inputs for answers `examples` (indices into `answers`): the mask forward over `clean`'s
     columns, or over a clean copy of these answers laid out here (clean None)."""
     B = block_size
     fresh = clean is None
     if fresh:  # the pack's own clean copy: its answers side by side, each causal on its own
-        ids, pos, seg, cols = [], [], [], {}
-        for e in examples:
-            seq = list(answers[e].prompt_ids) + list(answers[e].answer_ids)
-            cols[e] = list(range(len(ids), len(ids) + len(seq)))
-            ids += seq
-            pos += range(len(seq))
-            seg += [e] * len(seq)
-        Lc = len(ids)
+        ids, pos, clean_allowed, own = side_by_side([list(answers[e].prompt_ids) + list(answers[e].answer_ids)
+                                                     for e in examples])
+        cols, Lc = dict(zip(examples, own)), len(ids)
     else:
         cols, Lc = clean.cols, clean.length
     rows, targets, mpos, limit, group, spans = [], [], [], [], [], []
@@ -147,9 +155,7 @@ def build_pack(answers: list[Answer], examples: list[int], block_size: int, clea
     pack = Pack(list(examples), torch.tensor([mpos]), torch.cat([to_clean, to_own], 1)[None], rows,
                 torch.tensor(targets))
     if fresh:
-        seg_t, col = torch.tensor(seg), torch.arange(Lc)
-        pack.clean_ids, pack.clean_pos = torch.tensor([ids]), torch.tensor([pos])
-        pack.clean_allowed = ((seg_t[:, None] == seg_t[None, :]) & (col[None, :] <= col[:, None]))[None]
+        pack.clean_ids, pack.clean_pos, pack.clean_allowed = torch.tensor([ids]), torch.tensor([pos]), clean_allowed[None]
     return pack
 
 
@@ -285,15 +291,7 @@ def greedy_answers(lm, known: list[list[int]], todo: list[int], max_new: int, ru
                 cs[:] = range(at, at + len(cs))
                 at += len(cs)
 
-    # the prefill: every answer's known tokens side by side, each causal on its own
-    ids, pos, seg, cols = [], [], [], []
-    for e, k in enumerate(known):
-        cols.append(list(range(len(ids), len(ids) + len(k))))
-        ids += k
-        pos += range(len(k))
-        seg += [e] * len(k)
-    seg_t, col = torch.tensor(seg), torch.arange(len(ids))
-    allowed = (seg_t[:, None] == seg_t[None, :]) & (col[None, :] <= col[:, None])
+    ids, pos, allowed, cols = side_by_side(known)  # the prefill: every answer's known tokens
     live = list(todo)
     got, eos_at = {e: [] for e in live}, {e: False for e in live}
     toks = run(step, ids, pos, allowed, [cols[e][-1] for e in live] or [len(ids) - 1])
