@@ -480,6 +480,37 @@ static float *att_scratch(int64_t n) {
     return buf;
 }
 
+/* Per named row (as mars_attend's at, n), a bit for each block of 16 of its T keys it may see one of (2 loads a
+   block): (T + 15) / 16 bits a row, in words of 64, row after row. The same for every head of every layer of a
+   pass, so built once a pass (mars_layers) or once a call (mars_attend). NULL where it cannot be allocated. */
+static uint64_t *key_blocks(const uint8_t *allowed, int64_t T, const int64_t *at, int64_t n) {
+    const int64_t nb = (T + 15) / 16, words = (nb + 63) / 64;
+    uint64_t *seen = (uint64_t *)calloc((size_t)(n * words), 8);
+    if (!seen) return NULL;
+    #pragma omp parallel for schedule(static) if (n * nb > 4096)
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *a = allowed + (at ? at[k] : k) * T;
+        uint64_t *bits = seen + k * words;
+        for (int64_t bl = 0; bl < nb; bl++) {
+            const int64_t j0 = bl * 16;
+            uint64_t w0 = 0, w1 = 0;
+            if (j0 + 16 <= T) {
+                memcpy(&w0, a + j0, 8);
+                memcpy(&w1, a + j0 + 8, 8);
+            } else {
+                memcpy(&w0, a + j0, (size_t)(T - j0 < 8 ? T - j0 : 8));
+                if (T - j0 > 8) memcpy(&w1, a + j0 + 8, (size_t)(T - j0 - 8));
+            }
+            if (w0 | w1) bits[bl >> 6] |= 1ull << (bl & 63);
+        }
+    }
+    return seen;
+}
+
+static int attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t hd, const float *cos,
+                  const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out,
+                  const int64_t *at, int64_t n, const uint64_t *seen);
+
 /* The rotary, the cache write and attention for n of a pass's b x W rows.
    at (n, ascending) names them: row k is the pass's row at[k] = bi W + i (batch row bi, window column i); NULL:
    every row, n = b W. The rows not named are computed by nobody: no query may see their keys (the caller's
@@ -489,13 +520,24 @@ static float *att_scratch(int64_t n) {
    row bi: kc, vc (b x KV x cap x hd). allowed (b x W x (C + W)) 0/1, for every row of the pass. out (n x H hd):
    each query head's attention over its KV head's keys (query head h uses KV head h / (H / KV)), scaled by
    1/sqrt(hd). A row's result does not depend on which other rows are named. A work item visits only the blocks
-   of 16 keys one of its rows may see (FOR_RUNS). */
+   of 16 keys one of its rows may see (FOR_RUNS, key_blocks). */
 int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t hd, const float *cos,
                  const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out,
                  const int64_t *at, int64_t n) {
-    const int64_t F = (H + 2 * KV) * hd, half = hd / 2, T = C + W;
     if (!at) n = b * W;
-    else if (b > MAXROWS || n > MAXROWS) return 1;  /* the caller checks: mars.runtime.cpu_layers */
+    uint64_t *seen = key_blocks(allowed, C + W, at, n);
+    if (!seen) return 2;
+    const int rc = attend(qkv, b, W, H, KV, hd, cos, sin, kc, vc, cap, C, allowed, out, at, n, seen);
+    free(seen);
+    return rc;
+}
+
+/* mars_attend with the rows' key blocks given (key_blocks of the same allowed, at, n) */
+static int attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t hd, const float *cos,
+                  const float *sin, float *kc, float *vc, int64_t cap, int64_t C, const uint8_t *allowed, float *out,
+                  const int64_t *at, int64_t n, const uint64_t *seen) {
+    const int64_t F = (H + 2 * KV) * hd, half = hd / 2, T = C + W;
+    if (at && (b > MAXROWS || n > MAXROWS)) return 1;  /* first[] below; the caller checks: mars.runtime.cpu_layers */
     /* batch row bi's rows are [FIRST(bi), FIRST(bi + 1)) */
     int64_t first[MAXROWS + 1], most = W;
 #define FIRST(bi) (at ? first[bi] : (bi) * W)
@@ -529,27 +571,7 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
        1-token pass. A query's result does not depend on G. */
     const float scale = 1.0f / sqrtf((float)hd);
     const int64_t rep = H / KV, Tp = (T + 15) / 16 * 16;
-    /* per row, a bit for each block of 16 keys it may see one of: 2 loads a block, once a call (not per head) */
-    const int64_t nb = Tp / 16, words = (nb + 63) / 64;
-    uint64_t *seen = (uint64_t *)calloc((size_t)(n * words), 8);
-    if (!seen) return 2;
-    #pragma omp parallel for schedule(static) if (n * nb > 4096)
-    for (int64_t k = 0; k < n; k++) {
-        const uint8_t *a = allowed + (at ? at[k] : k) * T;
-        uint64_t *bits = seen + k * words;
-        for (int64_t bl = 0; bl < nb; bl++) {
-            const int64_t j0 = bl * 16;
-            uint64_t w0 = 0, w1 = 0;
-            if (j0 + 16 <= T) {
-                memcpy(&w0, a + j0, 8);
-                memcpy(&w1, a + j0 + 8, 8);
-            } else {
-                memcpy(&w0, a + j0, (size_t)(T - j0 < 8 ? T - j0 : 8));
-                if (T - j0 > 8) memcpy(&w1, a + j0 + 8, (size_t)(T - j0 - 8));
-            }
-            if (w0 | w1) bits[bl >> 6] |= 1ull << (bl & 63);
-        }
-    }
+    const int64_t nb = Tp / 16, words = (nb + 63) / 64;  /* seen's shape (key_blocks) */
 #if defined(_OPENMP)
     const int64_t threads = omp_get_max_threads();
 #else
@@ -604,7 +626,6 @@ int mars_attend(float *qkv, int64_t b, int64_t W, int64_t H, int64_t KV, int64_t
         attend_values(pr, inv, nk, vc + base, runs, nr, hd, alr, outr);
     }
 #undef FIRST
-    free(seen);
     return failed;
 }
 
@@ -632,10 +653,11 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
     float *h = (float *)malloc((size_t)(n * kmax) * 4), *qkv = (float *)malloc((size_t)(n * F) * 4);
     float *att = (float *)malloc((size_t)(n * A) * 4), *gu = (float *)malloc((size_t)(n * 2 * I) * 4);
     uint8_t *q = (uint8_t *)calloc((size_t)(n * kpmax), 1);
+    uint64_t *seen = key_blocks(allowed, C + W, at, n);  /* every layer's attention reads the same mask */
     float sx[MAXROWS], ov[MAXROWS * MARS_OUTLIERS];
     int32_t oi[MAXROWS * MARS_OUTLIERS];
-    if (!h || !qkv || !att || !gu || !q) {
-        free(h); free(qkv); free(att); free(gu); free(q);
+    if (!h || !qkv || !att || !gu || !q || !seen) {
+        free(h); free(qkv); free(att); free(gu); free(q); free(seen);
         return 2;
     }
     /* the rows of each product, laid out for its padded width (the q bytes past k stay 0: the weights' zero
@@ -649,9 +671,9 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
         STAGE(0)
         lin_run(&ly->qkv, amx, &xq, NULL, 0, qkv, h, D, grows, ng);
         STAGE(1)
-        if (mars_attend(qkv, b, W, H, KV, hd, cos, sin, kbase + l * lstride, vbase + l * lstride, cap, C, allowed, att,
-                        at, n)) {
-            free(h); free(qkv); free(att); free(gu); free(q);
+        if (attend(qkv, b, W, H, KV, hd, cos, sin, kbase + l * lstride, vbase + l * lstride, cap, C, allowed, att, at,
+                   n, seen)) {
+            free(h); free(qkv); free(att); free(gu); free(q); free(seen);
             return 2;
         }
         STAGE(2)
@@ -671,6 +693,6 @@ int mars_layers(const layer_c *L, int64_t nl, float *x, int64_t b, int64_t W, in
         lin_run(&ly->down, amx, &xq, x, D, x, h, I, grows, ng);
         STAGE(8)
     }
-    free(h); free(qkv); free(att); free(gu); free(q);
+    free(h); free(qkv); free(att); free(gu); free(q); free(seen);
     return 0;
 }
