@@ -77,9 +77,11 @@ static inline float quant_row(const float *row, int64_t k, uint8_t *q, float *ov
     return amax / 127.0f;
 }
 
-/* The row loops below split their rows across threads when the rows hold at least this many values (a
-   team costs a few microseconds; a 1536-wide SiLU row ~2): a wide pass's rows, never a 1-token pass's. */
-#define PAR_MIN 4096
+/* The row loops below split their rows across threads from two rows on: a row costs ~1.5 us (576 values:
+   RMSNorm, the outlier search, rounding) to ~4 (a 1536-wide SiLU row), about what a team's fork and join
+   costs, and a second row done by the same thread is the largest part of what a 2-input pass adds to a
+   1-input one (kernel_ab, 2 threads: W=2 0.15-0.3 ms cheaper than with a threshold of 4096 values). */
+#define PAR_ROWS(n) ((n) > 1)
 
 static inline void quant_row_to(const float *row, int64_t k, const qrows *o, int64_t i) {
     o->sx[i] = quant_row(row, k, o->q + i * o->ldo, o->ov + i * NOUT, o->oi + i * NOUT);
@@ -89,7 +91,7 @@ static inline void quant_row_to(const float *row, int64_t k, const qrows *o, int
    zero-padded weights ignore them). */
 void mars_quant_rows(const float *x, int64_t k, int64_t ldx, const qrows *out) {
     const int64_t n = out->n;
-    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
+    #pragma omp parallel for schedule(static) if (PAR_ROWS(n))
     for (int64_t i = 0; i < n; i++) quant_row_to(x + i * ldx, k, out, i);
 }
 
@@ -98,7 +100,7 @@ void mars_quant_rows(const float *x, int64_t k, int64_t ldx, const qrows *out) {
    sums added in a fixed order (the same bits for any vector width). */
 void mars_rmsnorm_quant(const float *x, int64_t k, int64_t ldx, const float *w, float eps, float *h, const qrows *out) {
     const int64_t n = out->n;
-    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
+    #pragma omp parallel for schedule(static) if (PAR_ROWS(n))
     for (int64_t i = 0; i < n; i++) {
         const float *row = x + i * ldx;
         double part[8] = {0};
@@ -144,7 +146,7 @@ void mars_rmsnorm_quant(const float *x, int64_t k, int64_t ldx, const float *w, 
    (written to a, n x k), then a's rows as mars_quant_rows. */
 void mars_silu_mul_quant(const float *gu, int64_t k, int64_t ld, float *a, const qrows *out) {
     const int64_t n = out->n;
-    #pragma omp parallel for schedule(static) if (n * k >= PAR_MIN)
+    #pragma omp parallel for schedule(static) if (PAR_ROWS(n))
     for (int64_t i = 0; i < n; i++) {
         const float *g = gu + i * ld, *u = g + k;
         float *ar = a + i * k;
