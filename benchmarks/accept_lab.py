@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from benchmarks import machine_probe
+
 
 def main(argv=None) -> int:
     from mars.decoding.decoder import encode_prompt
@@ -38,15 +40,12 @@ def main(argv=None) -> int:
                     help="mask rows a forward, one timing per value (1: one answer per forward; none: skip this part)")
     ap.add_argument("--out", default=None, help="also write the numbers here (JSON)")
     ap.add_argument("--result", default=None, help="write the lab's own data here (JSON, as the tab's download)")
-    ap.add_argument("--probe", action="store_true",
-                    help="read benchmarks.machine_probe before and after (~3 s each): were both cores this run's?")
+    machine_probe.add_flag(ap)
     args = ap.parse_args(argv)
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
     torch.set_num_threads(args.threads)
-    from benchmarks.machine_probe import reading
-
-    probes = {"before": reading()} if args.probe else {}
+    probes = {"before": machine_probe.reading()} if args.probe else {}
     load_before = os.getloadavg()
     lm = load(args.model, args.adapter)
     backend = resolve_backend(lm.model, args.backend)
@@ -87,7 +86,7 @@ def main(argv=None) -> int:
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
     }
     if args.probe:
-        probes["after"] = reading()
+        probes["after"] = machine_probe.reading()
         report["machine_probe"] = probes
     print(json.dumps(report, indent=1))
     if args.out:

@@ -60,6 +60,12 @@ def probe(rounds: int, calls: int, rows=(1, 16), threads=(1, 2), m: int = 3072, 
     return out
 
 
+def add_flag(ap: argparse.ArgumentParser) -> None:
+    """Another benchmark's --probe: a reading before and after its timing."""
+    ap.add_argument("--probe", action="store_true",
+                    help="read benchmarks.machine_probe before and after (~3 s each): were both cores this run's?")
+
+
 def reading(rounds: int = 3, calls: int = 30) -> dict:
     """A short probe (~3 s) for another benchmark's record, before and after its timing: the medians in GMAC/s
     and what the second thread added at 16 rows ({"unavailable": why} without the C kernels). The thread count

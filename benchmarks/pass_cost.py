@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import machine_probe
 from mars.runtime.backends import WEIGHT_DTYPES, FastBackend, HFBackend
 from mars.runtime.fastpath import fast_model
 
@@ -182,13 +183,10 @@ def main(argv=None) -> int:
                          "(2 threads' OpenMP waits then cost whole time slices), with --threads 1")
     ap.add_argument("--batch", type=int, default=1, help="rows a pass feeds, each W inputs after its own prompt")
     ap.add_argument("--out", default=None, help="also write the table as JSON here")
-    ap.add_argument("--probe", action="store_true",
-                    help="read benchmarks.machine_probe before and after (~3 s each): were both cores this run's?")
+    machine_probe.add_flag(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from benchmarks.machine_probe import reading, reading_line
-
-    probes = {"before": reading()} if args.probe else {}
+    probes = {"before": machine_probe.reading()} if args.probe else {}
     from mars.models.loading import load
 
     lm = load(args.model, adapter="none", dtype=args.dtype, device=args.device)
@@ -200,9 +198,9 @@ def main(argv=None) -> int:
                      mask_id=lm.mask_token_id if args.masks else None, batch=args.batch,
                      clock=time.process_time if args.clock == "cpu" else time.perf_counter)
     if args.probe:
-        probes["after"] = reading()
+        probes["after"] = machine_probe.reading()
         for when, r in probes.items():
-            print(f"machine {when}: {reading_line(r)}")
+            print(f"machine {when}: {machine_probe.reading_line(r)}")
     for stat in ("median", "min"):
         print(f"\nms per pass ({stat} of {args.rounds} rounds) and ratio to the {args.widths[0]}-input pass; "
               f"{args.threads} thread(s), cached prefix {args.prompt_len}, batch {args.batch}, {args.clock} clock")
