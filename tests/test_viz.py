@@ -136,6 +136,19 @@ def test_tokens_per_pass_figure():
     assert "mean 0.00" in viz.make_tokens_per_pass_figure(None, 4).layout.title.text  # before the first run
 
 
+def test_tokens_per_pass_axis_holds_passes_longer_than_b():
+    """A verified run's draft tree (or n-gram copy) can accept more tokens in a pass than B (the browser review: a
+    run at B 2 with passes of 3-5 tokens, mean 2.61, drew every bar cut off at 2.5). The axis holds the tallest
+    bar; a run within B keeps the 0..B+0.5 axis."""
+    from mars.decoding.decoder import DecodeConfig
+    from mars.decoding.records import RunRecord
+
+    long = RunRecord(DecodeConfig(mode="verified", block_size=2), [1]).add(RECORDS)  # passes of 1 to 4 tokens
+    top = viz.make_tokens_per_pass_figure(long, 2).layout.yaxis.range[1]
+    assert top >= max(len(r.token_ids) for r in RECORDS) + 0.5
+    assert viz.make_tokens_per_pass_figure(long, 8).layout.yaxis.range[1] == 8.5
+
+
 def test_confidence_figure_separates_ar_accepted_rejected_and_draws_tau():
     fig = viz.make_confidence_figure(RECORDS)
     by_name = {t.name: t for t in fig.data}
