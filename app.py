@@ -125,7 +125,7 @@ class MarsApp:
     def _stats(self, session: Session, state: str, note: str = "") -> str:
         return viz.render_stats_html(viz.live_stats(session.mars, session.ar, state, session.tau, note))
 
-    def _stream_runs(self, session: Session, streams, note):
+    def _stream_runs(self, session: Session, streams, note, control=None):
         """The one streaming loop. `streams`: per run, (its session slot, "mars" or "ar"; its stream of growing
         records, session.run_stream; its output). Two runs (the race) go side by side, one pass of each in
         turn: the model thread still runs one pass at a time and times each alone, and whatever else the machine
@@ -134,13 +134,17 @@ class MarsApp:
         0.88x and AR-then-MARS 1.39x on the same prompts and passes (docs/int8.md).
         The groups of the runs that moved and the stats go out at most every `self.text_every_s` (the event's
         first pass and each run's end at once); charts at most every `self.chart_every_s` while a run goes, not
-        at its end: `generate`'s last update draws them once all runs are in."""
+        at its end: `generate`'s last update draws them once all runs are in. `control`: the runs'; once it is no
+        longer the session's (Clear, or a newer run of this visitor's), the runs are no longer the session's and
+        nothing more is written or sent."""
         last_chart = last_text = time.perf_counter()
         live, moved, sent = list(streams), set(), False
         while live:
             for entry in list(live):
                 which, stream, _ = entry
                 run = next(stream, None)
+                if control is not None and session.control is not control:
+                    return
                 if run is None:
                     live.remove(entry)
                     continue
@@ -297,7 +301,7 @@ class MarsApp:
         if compare:
             streams.append(("ar", run_stream(self.holder, lm, prompt, ids, ar_cfg, control), ui.output_ar))
         try:
-            yield from self._stream_runs(session, streams, note)
+            yield from self._stream_runs(session, streams, note, control)
         except ValueError as e:  # e.g. prompt + max new tokens longer than the model's context
             raise gr.Error(str(e)) from None
         except Exception as e:  # the app keeps serving; the log keeps the traceback
@@ -307,6 +311,10 @@ class MarsApp:
             # closes the decoder's generator too, and the cancel makes sure no pass starts for nobody.
             control.cancel()
             raise
+        if session.control is not control:  # cleared (the page stays as Clear left it) or superseded
+            if session.control is not None:
+                yield {ui.stats: self._stats(session, "stopped", "stopped: a newer run of yours took over")}
+            return
         stopped = control.cancelled
         m = session.mars
         if m is None or not m.steps:
@@ -429,8 +437,7 @@ class MarsApp:
 
     def clear(self, session: Session):
         """Outputs, charts and the session's traces; the prompt stays, ready to run again."""
-        session.stop()
-        session.mars = session.ar = None
+        session.clear()  # a run still going ends and sends nothing more over what this returns
         return {self.ui.output: viz.render_groups_html([], placeholder=EMPTY_OUTPUT),
                 self.ui.output_ar: viz.render_groups_html([]),
                 self.ui.stats: self._stats(session, "idle"), self.ui.inspect: self.inspect(0, session),

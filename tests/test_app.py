@@ -272,11 +272,38 @@ def test_clear_resets_outputs_and_stops(ui):
     session = Session()
     stream = run(ui, session)
     next(stream), next(stream)
+    control = session.control
     cleared = ui.clear(session)
-    assert session.control.cancelled and session.mars is None
+    assert control.cancelled and session.control is None and session.mars is None
     assert groups(cleared[ui.ui.output]) == [] and 'data-state="idle"' in cleared[ui.ui.stats]
     assert ui.ui.prompt not in cleared  # the prompt stays for the next run
     stream.close()
+
+
+@pytest.mark.parametrize("text_every_s", [0.0, 10.0])  # every pass sent; passes held back, as the page's 0.1 s
+def test_clear_during_a_race_ends_it_quietly_and_keeps_the_page_clear(ui, monkeypatch, text_every_s):
+    """Clear pressed while a run and its AR race stream (the browser review: an "Error" on the stats and "The run
+    failed: AttributeError ..." once the stream read back a run Clear had just forgotten, and otherwise the
+    stopped run painted back over the cleared page). Clear comes between two passes, as a click does (it runs
+    outside the queue, on another thread): here from inside the MARS run's stream, after an AR pass. The
+    cleared run ends without an error and sends nothing more: the outputs Clear emptied stay empty."""
+    monkeypatch.setattr(ui, "text_every_s", text_every_s)
+    session = Session()
+    real = app_module.run_stream
+
+    def clicked_mid_run(holder, lm, prompt, ids, cfg, control):
+        for i, rec in enumerate(real(holder, lm, prompt, ids, cfg, control)):
+            yield rec
+            if cfg.mode != "ar" and i == 2:  # the click, before this run's next pass
+                ui.clear(session)
+
+    monkeypatch.setattr(app_module, "run_stream", clicked_mid_run)
+    before, after = [], []
+    for u in run(ui, session, compare=True, max_new=40):  # no gr.Error
+        (before if session.control is not None else after).append(u)
+    assert any(ui.ui.output in u for u in before)  # it did stream before the click
+    assert after == []  # and nothing after it
+    assert session.mars is None and session.ar is None
 
 
 def test_sweep_compares_each_tau_with_ar(ui):

@@ -81,6 +81,14 @@ class Session:
         if self.control is not None:
             self.control.cancel()
 
+    def clear(self) -> None:
+        """End any run and forget the runs (the Clear button). The run's control is dropped too: a run writes
+        into the session and the page only while its control is the session's (`app.generate`), so a run cut
+        off here, between two of its passes, sends nothing more over the page just cleared."""
+        self.stop()
+        self.control = None
+        self.mars = self.ar = None
+
     def close(self) -> None:
         """Gradio's delete_callback, once the visitor has gone: end any run, delete the run's files."""
         self.stop()
