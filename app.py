@@ -311,9 +311,10 @@ class MarsApp:
             # closes the decoder's generator too, and the cancel makes sure no pass starts for nobody.
             control.cancel()
             raise
-        if session.control is not control:  # cleared (the page stays as Clear left it) or superseded
-            if session.control is not None:
-                yield {ui.stats: self._stats(session, "stopped", "stopped: a newer run of yours took over")}
+        if session.control is not control:  # cleared, or superseded by a newer run of this visitor's
+            # the last update is the page Clear left: Gradio sends an event's last update again when it ends
+            yield self._cleared(session) if session.control is None else \
+                {ui.stats: self._stats(session, "stopped", "stopped: a newer run of yours took over")}
             return
         stopped = control.cancelled
         m = session.mars
@@ -436,11 +437,16 @@ class MarsApp:
         return (f'<div class="{cls}">{viz.esc(viz.hide_paths(message))}</div>', *self.model_info()[:3])
 
     def clear(self, session: Session):
-        """Outputs, charts and the session's traces; the prompt stays, ready to run again."""
-        session.clear()  # a run still going ends and sends nothing more over what this returns
+        """Outputs, charts, downloads and the session's traces; the prompt stays, ready to run again."""
+        session.clear()  # a run still going ends, its last update the same cleared page (`generate`)
+        return self._cleared(session)
+
+    def _cleared(self, session: Session) -> dict:
         return {self.ui.output: viz.render_groups_html([], placeholder=EMPTY_OUTPUT),
                 self.ui.output_ar: viz.render_groups_html([]),
                 self.ui.stats: self._stats(session, "idle"), self.ui.inspect: self.inspect(0, session),
+                self.ui.download_html: gr.update(value=None, interactive=False),
+                self.ui.download_json: gr.update(value=None, interactive=False),
                 **self._charts(session)}
 
     # Gradio reads the return annotation to declare the endpoint's two outputs; the function is a generator
@@ -654,8 +660,9 @@ class MarsApp:
         ui.tau.change(self.set_tau, [ui.tau, session], None, **quick)
         ui.stop.click(self.stop, [session], None, **quick)
         ui.sweep_stop.click(self.stop, [session], None, **quick)
-        ui.clear.click(self.clear, [session], [ui.output, ui.output_ar, ui.stats, ui.inspect,
-                                               ui.chart_tokens, ui.chart_conf, ui.chart_race], **quick)
+        ui.clear.click(self.clear, [session], [ui.output, ui.output_ar, ui.stats, ui.inspect, ui.download_html,
+                                               ui.download_json, ui.chart_tokens, ui.chart_conf, ui.chart_race],
+                       **quick)
         ui.inspect_pass.change(self.inspect, [ui.inspect_pass, session], [ui.inspect], **quick)
         toggle = "(on) => { document.getElementById('mars-root').classList.toggle('mars-present', on); return []; }"
         ui.present.change(None, [ui.present], None, js=toggle)

@@ -276,6 +276,7 @@ def test_clear_resets_outputs_and_stops(ui):
     cleared = ui.clear(session)
     assert control.cancelled and session.control is None and session.mars is None
     assert groups(cleared[ui.ui.output]) == [] and 'data-state="idle"' in cleared[ui.ui.stats]
+    assert cleared[ui.ui.download_json]["interactive"] is False  # the cleared run's files are no longer offered
     assert ui.ui.prompt not in cleared  # the prompt stays for the next run
     stream.close()
 
@@ -286,7 +287,7 @@ def test_clear_during_a_race_ends_it_quietly_and_keeps_the_page_clear(ui, monkey
     failed: AttributeError ..." once the stream read back a run Clear had just forgotten, and otherwise the
     stopped run painted back over the cleared page). Clear comes between two passes, as a click does (it runs
     outside the queue, on another thread): here from inside the MARS run's stream, after an AR pass. The
-    cleared run ends without an error and sends nothing more: the outputs Clear emptied stay empty."""
+    cleared run ends without an error, its last update the cleared page: the outputs Clear emptied stay empty."""
     monkeypatch.setattr(ui, "text_every_s", text_every_s)
     session = Session()
     real = app_module.run_stream
@@ -302,7 +303,9 @@ def test_clear_during_a_race_ends_it_quietly_and_keeps_the_page_clear(ui, monkey
     for u in run(ui, session, compare=True, max_new=40):  # no gr.Error
         (before if session.control is not None else after).append(u)
     assert any(ui.ui.output in u for u in before)  # it did stream before the click
-    assert after == []  # and nothing after it
+    # after it, one last update: the cleared page again (Gradio sends an event's last update again at its end)
+    assert len(after) == 1 and groups(after[0][ui.ui.output]) == groups(after[0][ui.ui.output_ar]) == []
+    assert 'data-state="idle"' in after[0][ui.ui.stats] and after[0][ui.ui.download_html]["interactive"] is False
     assert session.mars is None and session.ar is None
 
 

@@ -156,6 +156,30 @@ def test_stream_steer_and_stop(browser, tiny_server):
     page.close()
 
 
+def test_clear_while_a_race_runs_leaves_the_page_clear(browser, tiny_server):
+    """Clear pressed mid-run, the AR race on (the review's repro): before, a red "Error" over the stats and "The run
+    failed: AttributeError ..." on some presses, and on the others the stopped run painted back over the cleared
+    page (Gradio applies an event's last update again when it ends). Now the page stays cleared, no error shows,
+    the downloads are off, and the next Generate runs."""
+    page = open_app(browser, tiny_server)
+    page.fill("#prompt textarea", "what is the capital of france ?")
+    set_number(page, "max-new-tokens", 400)
+    assert page.locator("#compare-ar input").is_checked()
+    for _ in range(2):
+        press_generate(page)
+        page.wait_for_function("document.querySelectorAll('#output-ar .mars-group').length >= 3", timeout=30_000)
+        page.click("#clear")
+        time.sleep(1.5)  # the run's last pass, and Gradio's end of the event
+        assert page.locator("#output .mars-group").count() == 0 and page.locator("#output-ar .mars-group").count() == 0
+        assert page.get_attribute("#stats .mars-stats-wrap", "data-state") == "idle"
+        assert page.locator(".toast-body").count() == 0 and "Error" not in page.inner_text("#stats")
+        assert not page.locator("#download-json").is_enabled()
+    press_generate(page)  # and the page runs again
+    page.click("#stop")
+    page.wait_for_selector('#stats [data-state="stopped"]', timeout=10_000)
+    page.close()
+
+
 def test_user_text_shows_as_text(browser, tiny_server):
     page = open_app(browser, tiny_server)
     page.get_by_role("tab", name="Model").click()
