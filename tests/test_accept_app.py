@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import gradio as gr
@@ -200,6 +201,54 @@ def test_the_handler_runs_through_the_slot_and_writes_parsing_files(tiny_lm):
         list(runner("hi", 0.5, 4, 12, "x", True, session))
     session.close()
     assert session.folder is None
+
+
+def _page(outs) -> list:
+    """What the page shows after a run's updates, applied in order as Gradio does: per output, the last value
+    that was not a skip (a download's {"value", "interactive"} update as the dict)."""
+    shown = [None] * 8
+    for out in outs:
+        for i, v in enumerate(out):
+            if not (isinstance(v, dict) and v.get("__type__") == "update" and len(v) == 1):
+                shown[i] = v
+    return shown
+
+
+def has_data(fig) -> bool:
+    """Whether a figure draws a run's numbers: a named trace (a variant's, decoding's) with points."""
+    return any(t.name and t.x is not None and len(t.x) for t in fig.data)
+
+
+def test_a_run_stopped_before_its_drafts_shows_no_results_of_the_previous_prompts(tiny_lm):
+    """A new run clears the last one's charts, table (its inspect buttons) and downloads at its start: stopped
+    before its drafts are measured, the page shows nothing of the previous prompts as this run's, and the old
+    table's rows cannot be inspected. The answers of the analysed run are still reused by the next one."""
+    from mars.app.accept_tab import make_case_inspector
+
+    runner, inspect = make_accept_runner(lambda: tiny_lm), make_case_inspector(lambda: tiny_lm)
+    session = AcceptSession()
+    first = list(runner("what is the capital of france ?\nadd 2 + 3 = ?", 0.5, 4, 12, "", False, session))
+    old_key = re.search(r'data-case="([^"]+)"', first[-1][5]).group(1)
+    assert all(has_data(fig) for fig in _page(first)[1:5]) and "france" in _page(first)[5]
+    assert inspect(0.5, session, old_key)  # the old table works until a new run starts
+
+    second = runner("the sky is\nname a colour", 0.5, 4, 12, "", False, session)
+    outs = [next(second)]
+    session.stop()  # Stop, before any forward of the new run
+    outs += list(second)
+    page = _page(outs)
+    assert "stopped before the drafts were measured" in page[0] and "cleared" in page[0]
+    assert "data-case" not in page[5] and "france" not in page[5] and "appear here" in page[5]
+    assert page[6] == page[7] == {"__type__": "update", "value": None, "interactive": False}
+    for fig in page[1:5]:
+        assert not has_data(fig) and "press Analyse" in json.dumps(fig.to_dict()["layout"].get("annotations", []))
+    with pytest.raises(gr.Error, match="no lab run to inspect"):
+        inspect(0.5, session, old_key)
+
+    third = list(runner("what is the capital of france ?\nadd 2 + 3 = ?", 0.5, 3, 12, "", False, session))
+    data = json.loads(Path(_page(third)[6]["value"]).read_text())
+    assert [a["reused"] for a in data["answers"]] == [True, True]  # the analysed run's answers, kept for reuse
+    session.close()
 
 
 def test_cli_accept_writes_json_and_csv(tiny_dir, tmp_path, capsys):

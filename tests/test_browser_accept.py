@@ -134,6 +134,40 @@ def test_stop_stops_within_a_forward(server, page):
         demo.mars_app.holder.backend = None
 
 
+def test_a_new_run_stopped_before_its_drafts_leaves_none_of_the_last_runs_results(server, page):
+    """The browser review: a run done, the prompts changed, Analyse then Stop within ~2 s: "stopped before the
+    drafts were measured" under the previous prompts' charts, table (inspect buttons working) and downloads. A new
+    run clears them at its start; stopped, the page shows no results and says why."""
+    from test_browser import slow_backend
+
+    demo, _ = server
+    page.reload()
+    page.get_by_role("tab", name="Acceptance").click()
+    page.fill("#accept-prompts textarea", "\n".join(PROMPTS[:2]))
+    set_number(page, "accept-max-new-tokens", 16)
+    page.fill("#accept-taus textarea", "")
+    page.click("#accept-run")
+    page.wait_for_function("!document.querySelector('#accept-download-csv').disabled", timeout=120_000)
+    assert page.locator("#accept-table button.accept-inspect").count() > 0 and plot_traces(page, "accept-depth") > 0
+    demo.mars_app.holder.backend = slow_backend(0.05)  # ~50 ms a forward: the stop lands in the greedy answers
+    try:
+        page.fill("#accept-prompts textarea", "\n".join(["the sky is", "name a colour"] * 4))
+        set_number(page, "accept-max-new-tokens", 128)
+        page.click("#accept-run")
+        page.wait_for_selector("#accept-progress >> text=greedy answers", timeout=60_000)
+        page.click("#accept-stop")
+        page.wait_for_selector("#accept-progress >> text=stopped before the drafts were measured", timeout=20_000)
+        time.sleep(1.0)  # the event's end: Gradio applies its last update again
+    finally:
+        demo.mars_app.holder.backend = None
+    assert "cleared" in page.inner_text("#accept-progress")
+    assert page.locator("#accept-table button.accept-inspect").count() == 0
+    assert page.locator("#accept-table tr[data-kind]").count() == 0
+    assert page.locator("#accept-download").is_disabled() and page.locator("#accept-download-csv").is_disabled()
+    for chart in ("accept-depth", "accept-tpp", "accept-classes"):
+        assert plot_traces(page, chart) == 0, chart
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("MARS_BROWSER_DEFAULT") != "1", reason="set MARS_BROWSER_DEFAULT=1 (default model)")
 def test_default_model_acceptance_screenshot(browser):

@@ -108,15 +108,18 @@ INSPECT_CSS = ("button.accept-inspect { border: 1px solid #0072B2; border-radius
 
 @dataclass
 class AcceptSession(TabSession):
-    """One visitor's lab state (a gr.State): the run's control and its download files (TabSession), and what
-    opens the table's rows in the inspector (the last analysed run's LabCases; `runs` numbers the runs)."""
+    """One visitor's lab state (a gr.State): the run's control and its download files (TabSession), what opens
+    the table's rows in the inspector (`cases`: the LabCases of the run the page shows, None from the moment a new
+    run starts until it has analysed; `runs` numbers the runs), and `answered`, the last analysed run's LabCases
+    kept for its greedy answers only (a new run reuses them, even after a run stopped before analysing)."""
 
     cases: LabCases | None = None
     runs: int = 0
+    answered: LabCases | None = None
 
     def close(self) -> None:
         super().close()
-        self.cases = None
+        self.cases = self.answered = None
 
     def write(self, result: dict) -> tuple[str, str]:
         from mars.evaluation.acceptance_lab import to_csv
@@ -140,6 +143,14 @@ def _slot_parts(pass_slot) -> tuple:
     if pass_slot is None:
         return None, None
     return pass_slot.run, getattr(getattr(pass_slot, "holder", None), "backend", None)
+
+
+def _empty_results() -> tuple:
+    """The 4 figures, the table and the 2 downloads of no run: the hints, and the downloads off."""
+    off = gr.update(value=None, interactive=False)
+    return (accept_viz.make_reliability_figure(None), accept_viz.make_depth_figure(None),
+            accept_viz.make_tokens_per_pass_figure(None), accept_viz.make_classes_figure(None),
+            accept_viz.render_table_html(None), off, off)
 
 
 def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
@@ -172,17 +183,25 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
         d = lm.describe()
         model = {"model": public_name(d["model"]), "adapter": public_name(d["adapter"]), "gated": d["gated"],
                  "trained_block_size": d["trained_block_size"], "backend": backend}
-        reuse = {**previous_lab_answers(session.cases, lm, cfg.max_new_tokens, backend),
+        reuse = {**previous_lab_answers(session.answered, lm, cfg.max_new_tokens, backend),
                  **(reusable_answers(main_session, cfg.max_new_tokens, backend) if main_session is not None else {})}
         run_on, runner_factory = _slot_parts(pass_slot)
         last, result = 0.0, None
+        # A new run clears the last one's charts, table and downloads first: stopped before its drafts were
+        # measured, the page must not show the previous prompts' results as if they were this run's (a reviewer
+        # saw exactly that, inspect buttons and downloads included). Analyse means "these prompts now", as a new
+        # run in every other tab; the inspector refuses the old table's keys from here on (`cases` is None).
+        session.cases = None
+        yield (accept_viz.render_summary_html(None, f"analysing {len(prompts)} prompt{'s' if len(prompts) > 1 else ''}"
+                                              " (the previous run's results are cleared)"),
+               *_empty_results())
         try:
             for p in run_lab(lm, prompts, ids, cfg, run=run_on, control=control, runner_factory=runner_factory,
                              reuse=reuse, describe=model):
                 if p.result is not None and p.stage in ("analysed", "decoding", "done"):
                     if p.result is not result:  # this run's analysis, new: its table's rows are the ones to inspect
                         session.runs += 1
-                        session.cases = keep_cases(session.runs, lm, p.result, p.answers)
+                        session.cases = session.answered = keep_cases(session.runs, lm, p.result, p.answers)
                     result = p.result
                     figs = (accept_viz.make_reliability_figure(result), accept_viz.make_depth_figure(result),
                             accept_viz.make_tokens_per_pass_figure(result), accept_viz.make_classes_figure(result))
@@ -203,7 +222,9 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
         except Exception as e:  # the app keeps serving
             raise gr.Error(f"The acceptance lab failed: {type(e).__name__}: {e}") from None
         if result is None:
-            yield accept_viz.render_summary_html(None, "stopped before the drafts were measured"), *([skip] * 7)
+            yield (accept_viz.render_summary_html(None, "stopped before the drafts were measured: no results for "
+                                                  "these prompts (the previous run's were cleared when this one "
+                                                  "started)"), *_empty_results())
             return
         js, cs = session.write(result)  # stopped while decoding: the drafts are whole, the measured taus partial
         note = "stopped while decoding: the measured τ values are those finished" if control.cancelled else "done"
