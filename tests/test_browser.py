@@ -279,6 +279,15 @@ def test_race_is_measured_from_both_runs_and_verified_mode_defaults_to_tau_0(bro
     expected = (a["decode_seconds"] / a["tokens"]) / (m["decode_seconds"] / m["tokens"])
     assert shown == f"{expected:.2f}×" and m["config"]["tau"] == 0.0 and m["config"]["drafts"] == "both"
     assert m["config"]["block_size"] == 2  # switching back to verified brought its CPU block size back too
+    # the tiles check by hand: the rate is MARS's tokens over MARS's own decoding seconds, both shown (the review
+    # saw 115 tokens, "elapsed 3.74 s" and "61.0 tokens / s" with no 1.88 s to divide by)
+    tiles = page.locator("#stats .mars-tile").all_inner_texts()
+    tokens = next(t for t in tiles if t.split("\n")[-1] == "tokens").split()[0]
+    rate = next(t for t in tiles if "tokens / s (MARS's" in t)
+    secs = float(rate.split("MARS's")[1].split()[0])
+    assert int(tokens) == m["tokens"] and secs == pytest.approx(m["decode_seconds"], rel=0.01, abs=1e-4)
+    assert float(rate.split()[0]) == pytest.approx(m["tokens"] / m["decode_seconds"], abs=0.051)
+    assert any("AR's race passes too" in t for t in tiles)
     page.close()
 
 

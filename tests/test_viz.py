@@ -118,6 +118,35 @@ def test_stats_tiles():
     assert "1.80×" in viz.render_stats_html({"speedup": 1.8})
 
 
+def test_race_tiles_say_what_the_rate_divides_by_so_the_arithmetic_checks():
+    """The browser review: "115 tokens", "elapsed 3.74 s" and "61.0 tokens / s" side by side, the rate over
+    MARS's own 1.88 s of passes, not the race's wall clock. The rate's tile names the seconds it divides by, and
+    the tokens, those seconds and the rate shown agree to their rounding; the elapsed tile says AR ran between."""
+    import re
+
+    from mars.decoding.decoder import DecodeConfig
+    from mars.decoding.records import RunRecord
+
+    mars = RunRecord(DecodeConfig(), [1]).add([rec(i, "x", [i] * 3, [0.9] * 3, seconds=0.0401) for i in range(38)])
+    mars.add(rec(38, "y", [1], [0.9], seconds=0.0401))  # 115 tokens in 1.56 s of passes
+    ar = RunRecord(DecodeConfig(mode="ar", block_size=1), [1]).add([rec(i, "x", [i], [1.0]) for i in range(60)])
+    mars.started -= 3.0  # its wall clock: its passes, AR's between them and the waits
+    mars.finish(), ar.finish()
+    text = " ".join(Tags(viz.render_stats_html(viz.live_stats(mars, ar, "done", 0.9))).text)
+    tokens = int(re.search(r"(\d+) tokens ", text).group(1))
+    rate, secs = re.search(r"([\d.]+) tokens / s \(MARS's ([\d.]+) s of decoding\)", text).groups()
+    assert tokens == 115 and float(secs) == pytest.approx(1.56, abs=0.005)
+    assert tokens / float(secs) == pytest.approx(float(rate), abs=0.05 + tokens * 0.005 / float(secs) ** 2)
+    elapsed = float(re.search(r"([\d.]+) s elapsed \(wall clock: AR's race passes too\)", text).group(1))
+    assert elapsed >= 3.0 > float(secs)
+    alone = " ".join(Tags(viz.render_stats_html(viz.live_stats(None, ar, "done", 1.0))).text)
+    assert "60 tokens " in alone and "tokens / s (AR's 0.6 s of decoding)" in alone
+    assert "elapsed (wall clock)" in alone
+    fast = RunRecord(DecodeConfig(), [1]).add(rec(0, "x", [1, 2], [0.9, 0.9], seconds=0.0042))
+    assert "(MARS's 0.0042 s of decoding)" in " ".join(Tags(viz.render_stats_html(
+        viz.live_stats(fast, None, "running", 0.9))).text)  # not "0.00 s": enough digits to divide by
+
+
 def test_standalone_page_is_complete():
     page = viz.standalone_html(RECORDS, None, "title", "prompt", "summary")
     assert page.startswith("<!DOCTYPE html>") and page.endswith("</html>")

@@ -39,7 +39,7 @@ GROUPS_CSS = """
 .mars-swatch { display: inline-block; min-width: 1.6em; text-align: center; border-radius: 3px; padding: 0 4px;
   font-family: ui-monospace, monospace; }
 .mars-stats { display: flex; flex-wrap: wrap; gap: 8px; }
-.mars-tile { border: 1px solid #d0d7de; border-radius: 8px; padding: 4px 8px; min-width: 5.5em; }
+.mars-tile { border: 1px solid #d0d7de; border-radius: 8px; padding: 4px 8px; min-width: 5.5em; max-width: 8.5em; }
 .mars-tile b { display: block; font-size: 1.25em; }
 .mars-tile span { font-size: 0.8em; opacity: 0.8; }
 .mars-note { font-size: 0.85em; opacity: 0.85; margin-top: 4px; }
@@ -149,20 +149,29 @@ def render_legend_html() -> str:
 
 
 def render_stats_html(stats: dict) -> str:
-    """Live numbers as tiles. `stats` comes from the app: passes, tokens, tokens_per_pass, tokens_per_second,
-    elapsed, decode_seconds, speedup (None until the AR run has been measured), state, tau, note."""
+    """Live numbers as tiles. `stats` comes from the app (live_stats): passes, tokens, tokens_per_pass,
+    tokens_per_second, elapsed, decode_seconds, speedup (None until the AR run has been measured), state, tau, note,
+    run (whose numbers: "MARS" or "AR") and race (whether AR's passes ran between them).
+    Each tile says what it divides by, so a visitor can check the arithmetic: the rate is over the run's own
+    decoding seconds (its passes), not the elapsed wall clock, which in a race also holds AR's passes."""
 
     def tile(value, label):
         return f'<div class="mars-tile"><b>{esc(value)}</b><span>{esc(label)}</span></div>'
 
+    run = stats.get("run")  # whose numbers the tiles are
+    own = f"{run}'s" if run else "the run's"
+    sec = stats.get("decode_seconds", 0.0)
+    decode = f"{sec:.2f}" if sec >= 1 else f"{sec:.3g}"  # enough digits to divide by: 0.0042 s, not 0.00 s
     speed = stats.get("speedup")
     speed_text = "—" if speed is None else f"{speed:.2f}×"
     tiles = [
         tile(stats.get("passes", 0), "forward passes"),
         tile(stats.get("tokens", 0), "tokens"),
         tile(f"{stats.get('tokens_per_pass', 0.0):.2f}", "tokens / pass"),
-        tile(f"{stats.get('tokens_per_second', 0.0):.1f}", "tokens / s"),
-        tile(f"{stats.get('elapsed', 0.0):.2f} s", "elapsed"),
+        tile(f"{stats.get('tokens_per_second', 0.0):.1f}",
+             f"tokens / s ({own} {decode} s of decoding)" if "decode_seconds" in stats else "tokens / s of decoding"),
+        tile(f"{stats.get('elapsed', 0.0):.2f} s",
+             "elapsed (wall clock: AR's race passes too)" if stats.get("race") else "elapsed (wall clock)"),
         tile(speed_text, "speed-up vs AR (measured)"),
     ]
     tau = stats.get("tau")
@@ -317,8 +326,9 @@ def live_stats(mars, ar, state: str, tau: float | None, note: str = "") -> dict:
         speedup = (ar.decode_seconds / ar.tokens) / (mars.decode_seconds / max(1, mars.tokens))
     return {
         "passes": t.passes, "tokens": t.tokens, "tokens_per_pass": t.tokens_per_pass,
-        "tokens_per_second": t.tokens_per_second, "elapsed": t.elapsed, "speedup": speedup,
-        "state": state, "tau": tau, "note": note,
+        "tokens_per_second": t.tokens_per_second, "elapsed": t.elapsed, "decode_seconds": t.decode_seconds,
+        "speedup": speedup, "state": state, "tau": tau, "note": note, "run": "MARS" if mars else "AR",
+        "race": bool(mars and ar),
     }
 
 
