@@ -231,7 +231,11 @@ class MarsApp:
                 ("backend", backend_label(lm))]
         costs = app_cut_costs(lm)  # measured at warm-up (inputs.app_pass_costs); None under MARS_TREE_CUT=0
         if costs is not None and len(costs.by_width) > 1:
-            rows.append(("tree size", f"measured at start-up: an input more costs +{100 * (costs.by_width[1] - 1):.0f}% "
+            from mars.app.inputs import app_backend
+            from mars.runtime.backends import resolve_backend
+
+            when = self.holder.costs.when(resolve_backend(lm.model, app_backend()))  # when, and why if again
+            rows.append(("tree size", f"{when}: an input more costs +{100 * (costs.by_width[1] - 1):.0f}% "
                          f"of a one-input pass here, mask inputs +{100 * costs.group:.0f}% on top; each tree sends "
                          "only the nodes, and the mask group only while its drafts, that pay for it"))
         notes = d["warnings"] + ([UNTRAINED] if lm.adapter is None else [])  # warnings first: never hidden

@@ -133,6 +133,28 @@ def test_model_panel_shows_the_table_that_cuts_trees_and_none_under_tree_cut_0(u
     assert "tree size" not in table
 
 
+def test_model_panel_says_when_the_tree_size_table_was_measured_and_why_again(ui, lm, monkeypatch, env):
+    """The browser review: the row said "measured at start-up" of a table the cost keeper had measured again 20
+    minutes later. It says the time of the warm-up's measurement, or of the keeper's, and the keeper's reason."""
+    from mars.app.inputs import app_backend
+    from mars.decoding.costs import PassCosts
+    from mars.runtime.backends import resolve_backend
+
+    env.unset("MARS_BACKEND")
+    served = resolve_backend(ui.holder.get().model, app_backend())
+    monkeypatch.setattr(lm, "pass_costs", {served: PassCosts((1.0, 1.16), 0.1)})
+    keeper = ui.holder.costs
+    monkeypatch.setattr(keeper, "wall", lambda: 9 * 3600 + 5 * 60)  # 09:05 UTC
+    keeper.measured(served)
+    _, table, *_ = ui.model_info()
+    assert "measured when the model was loaded, 09:05 UTC (0 min ago): an input more costs +16%" in table
+    assert "start-up" not in table
+    keeper.measured(served, "the table is 1800 s old")
+    monkeypatch.setattr(keeper, "wall", lambda: 9 * 3600 + 25 * 60)
+    _, table, *_ = ui.model_info()
+    assert "re-measured at 09:05 UTC (20 min ago), because the table is 1800 s old: an input more" in table
+
+
 @pytest.mark.parametrize("make", [tabs.BatchSession, AcceptSession])
 def test_a_tab_session_stops_its_run_and_keeps_one_folder_until_the_visitor_leaves(make):
     import os

@@ -147,6 +147,43 @@ def test_the_keeper_measures_again_a_table_that_priced_every_draft_out():
     assert "only 1-input passes" in keeper.history[-1]["reason"]
 
 
+def test_a_flat_warm_up_table_is_measured_again_once_soon_and_the_panel_says_when():
+    """The browser review: a start-up table read "+0% an input, mask inputs +1%" where the machine's is +11-17%
+    (a load on the cores while it was measured: DriftRule.flat_below). The keeper measures such a warm-up table
+    again once, flat_recheck_s after (when idle), long before min_interval_s; a table that is not flat, or the
+    re-measured one even if flat again (a machine where inputs are free), waits for the usual rule. `when` says
+    which table the panel shows: the warm-up's, or re-measured at what time and why."""
+    clock, slot, wall = Clock(), Slot(), Clock()
+    flat, real = PassCosts((1.0, 1.003, 1.006, 1.009), 0.001), PassCosts((1.0, 1.16, 1.32, 1.48), 0.1)
+    rule = DriftRule(min_interval_s=120, max_age_s=1800, unchecked_age_s=300, idle_s=2, flat_recheck_s=30)
+    keeper = CostKeeper(slot, rule, clock, measure=lambda lm, backend: flat, wall=wall)
+    wall.t = 14 * 3600 + 2 * 60  # 14:02 UTC
+    lm = SimpleNamespace(pass_costs={"fast-int8": flat})
+    keeper.measured("fast-int8")  # the warm-up's
+    assert keeper.when("fast-int8") == "measured when the model was loaded, 14:02 UTC (0 min ago)"
+    clock.t, keeper.last_pass_at = 29, 0  # the rehearsal's passes ran at 0
+    assert keeper.tick(lm) == [] and slot.calls == 0  # not before flat_recheck_s
+    clock.t, keeper.last_pass_at = 31, 30  # a visitor's pass a second ago
+    assert keeper.tick(lm) == [] and slot.calls == 0
+    clock.t = 33
+    wall.t += 60 * 20  # 14:22 UTC
+    assert keeper.tick(lm) == ["fast-int8"] and slot.calls == 1  # measured again, flat again
+    assert "read flat (an input more +0%;" in keeper.history[-1]["reason"]
+    when = keeper.when("fast-int8")
+    assert when.startswith("re-measured at 14:22 UTC (0 min ago), because the warm-up's table read flat")
+    wall.t += 60 * 3
+    assert "re-measured at 14:22 UTC (3 min ago)" in keeper.when("fast-int8")
+    clock.t = 100
+    assert keeper.tick(lm) == [] and slot.calls == 1  # once only: this flat table is the machine's
+    steady = CostKeeper(Slot(), rule, clock, measure=lambda lm, backend: flat)
+    clock.t = 0
+    steady.measured("fast-int8")
+    clock.t = 60
+    assert steady.tick(SimpleNamespace(pass_costs={"fast-int8": real})) == []  # not flat: the usual rule
+    assert remeasure_reason(flat, [], 0, -10, 60, rule) is None  # a table the keeper measured: not its warm-up's
+    assert "read flat" in remeasure_reason(flat, [], 0, -10, 60, rule, first=True)
+
+
 def test_a_failed_measurement_keeps_the_old_table_and_waits_its_interval():
     clock, slot = Clock(), Slot()
 

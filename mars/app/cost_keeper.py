@@ -1,4 +1,5 @@
-"""Keeps the app's pass-cost table true: measured at warm-up, and again when it drifts or ages (issue 41).
+"""Keeps the app's pass-cost table true: measured at warm-up, and again when it drifts or ages (issue 41), or
+once soon after a warm-up whose table read flat (DriftRule.flat_below).
 
 The table (mars.decoding.costs.PassCosts, on `lm.pass_costs[backend]`) sizes every tree's passes. It is a
 minute's measurement; the machine under it changes (a neighbour's load, frequency, another route in a
@@ -33,7 +34,7 @@ class CostKeeper:
     """The passes run since the table was measured, the decision to measure it again, and a log of each time it
     was (`history`: {at, backend, reason, by_width, group})."""
 
-    def __init__(self, slot, rule: DriftRule = DriftRule(), clock=time.monotonic, measure=None):
+    def __init__(self, slot, rule: DriftRule = DriftRule(), clock=time.monotonic, measure=None, wall=time.time):
         self.slot = slot  # where the measurement runs (the holder's PassSlot: the model thread)
         self.rule = rule
         self.clock = clock
@@ -41,16 +42,38 @@ class CostKeeper:
         self._lock = threading.Lock()
         self._passes: dict[str, deque] = {}  # backend -> (width, masks, seconds) of recent passes
         self.measured_at: dict[str, float] = {}  # backend -> when its table was measured (this clock)
+        self.wall = wall  # the time of day, for the model panel's "measured at HH:MM"
+        # backend -> (why it was measured: None at warm-up, else the keeper's reason; the time of day): what the
+        # model panel says of the table
+        self.origin: dict[str, tuple[str | None, float]] = {}
+        self._first: set[str] = set()  # backends whose table is the warm-up's, not yet measured again (DriftRule.flat_*)
         self.last_pass_at = float("-inf")
         self.history: list[dict] = []
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def measured(self, backend: str) -> None:
-        """A table for `backend` was just measured (the warm-up's): its age starts now, its passes afresh."""
+    def measured(self, backend: str, reason: str | None = None) -> None:
+        """A table for `backend` was just measured (the warm-up's, or the keeper's for `reason`): its age starts
+        now, its passes afresh."""
+        self._restart(backend)
+        self.origin[backend] = (reason, self.wall())
+        if reason is None:
+            self._first.add(backend)
+
+    def _restart(self, backend: str) -> None:
         with self._lock:
             self.measured_at[backend] = self.clock()
             self._passes[backend] = deque(maxlen=self.rule.window)
+
+    def when(self, backend: str) -> str:
+        """When and why `backend`'s table was measured, for the model panel: "measured when the model was loaded,
+        14:02 UTC (3 min ago)" or "re-measured at 14:22 UTC (1 min ago), because <the keeper's reason>"."""
+        reason, at = self.origin.get(backend, (None, None))
+        if at is None:
+            return "measured when the model was loaded"
+        ago = max(0, round((self.wall() - at) / 60))
+        hhmm = f"{time.strftime('%H:%M UTC', time.gmtime(at))} ({ago} min ago)"
+        return f"measured when the model was loaded, {hhmm}" if reason is None else f"re-measured at {hhmm}, because {reason}"
 
     def observe(self, backend: str, rec) -> None:
         """One pass of a visitor's run on `backend` (the first of a run, the prompt's, is wider than any table and
@@ -69,7 +92,7 @@ class CostKeeper:
         now = self.clock() if now is None else now
         table = getattr(lm, "pass_costs", {}).get(backend)
         return remeasure_reason(table, self.passes(backend), self.measured_at.get(backend, now),
-                                self.last_pass_at, now, self.rule)
+                                self.last_pass_at, now, self.rule, first=backend in self._first)
 
     def tick(self, lm, now: float | None = None) -> list[str]:
         """Measure again every table of `lm` that is due; returns the backends measured. A failed measurement
@@ -79,6 +102,7 @@ class CostKeeper:
             why = self.reason(lm, backend, now)
             if why is None:
                 continue
+            self._first.discard(backend)  # a flat warm-up table is measured again once, whatever comes of it
             measure = self._measure
             if measure is None:
                 from mars.decoding.costs import measure_pass_costs as measure
@@ -86,10 +110,10 @@ class CostKeeper:
                 costs = self.slot.run(measure, lm, backend)
             except Exception:  # noqa: BLE001 - a speed setting: the old table stays, the app serves on
                 LOG.exception("could not measure the pass costs again (%s); the old table stays", why)
-                self.measured(backend)  # not before the interval: a broken timer must not run every tick
+                self._restart(backend)  # not before the interval: a broken timer must not run every tick
                 continue
             lm.pass_costs[backend] = costs
-            self.measured(backend)
+            self.measured(backend, why)
             self.history.append({"at": self.clock(), "backend": backend, "reason": why,
                                  "by_width": costs.by_width, "group": costs.group})
             LOG.info("pass costs measured again on %s: %s", backend, why)
