@@ -24,6 +24,7 @@ import gradio as gr
 
 from mars import settings
 from mars.app import viz
+from mars.app.errors import failure_error, visitor_error
 from mars.app.policy import Policy, PolicyError
 from mars.app.model_thread import in_own_thread
 from mars.app.serving import ModelHolder, load_other, public_name, vet_switch
@@ -104,7 +105,7 @@ class MarsApp:
         try:
             return self.holder.get()
         except LoadError as e:
-            raise gr.Error(f"The model could not be loaded: {e}") from None
+            raise visitor_error(f"The model could not be loaded: {e}") from None
 
     def _charts(self, session: Session) -> dict:
         m = session.mars
@@ -251,7 +252,7 @@ class MarsApp:
         try:
             session.set_tau(tau)
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
 
     def stop(self, session: Session):
         session.stop()
@@ -284,7 +285,7 @@ class MarsApp:
             ar_cfg = make_config("ar", 1.0, 1, max_new_tokens, confidence, backend=cfg.backend)  # the same model
             ids = encode_checked(lm, prompt, cfg)
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         compare = bool(compare) and cfg.mode != "ar"  # a model that can only run AR has nothing to compare
         control = session.new_control(cfg.tau)  # from here on the slider steers this run (set_tau)
         session.mars = session.ar = None
@@ -307,9 +308,9 @@ class MarsApp:
         try:
             yield from self._stream_runs(session, streams, note, control)
         except ValueError as e:  # e.g. prompt + max new tokens longer than the model's context
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         except Exception as e:  # the app keeps serving; the log keeps the traceback
-            raise gr.Error(_failure_message(e, "generation failed")) from None
+            raise failure_error(e, "generation failed") from None
         except GeneratorExit:
             # Gradio closes this generator when the visitor leaves (tab closed, connection lost): closing it
             # closes the decoder's generator too, and the cancel makes sure no pass starts for nobody.
@@ -384,7 +385,7 @@ class MarsApp:
                 raise ValueError("this model has no mask token: it runs AR only, so there is no tau to sweep")
             ids = encode_checked(lm, prompt, base)
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         control = session.new_control()  # each run keeps its own tau: the slider does not steer a sweep
         ar = session.ar
         reuse = ar is not None and ar.finished and ar.finish_reason != "cancelled" and ar.prompt == prompt \
@@ -501,12 +502,12 @@ class MarsApp:
                 if not run.finished:
                     yield run.text, {"partial": True, "passes": run.passes}
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         except GeneratorExit:  # the caller went away: no further pass starts
             control.cancel()
             raise
         except Exception as e:  # the app keeps serving; the log keeps the traceback
-            raise gr.Error(_failure_message(e, "API generation failed")) from None
+            raise failure_error(e, "API generation failed") from None
         yield run.text, trace_json(run) | {"model": public_name(lm.name), "warnings": notes}
 
     def mask(self, length, block_size):
@@ -695,17 +696,6 @@ def _page_mode(mode) -> str:
         return check_mode(mode)
     except ValueError:
         return MODE_LABELS[DEFAULT_MODE_LABEL]
-
-
-def _failure_message(e: Exception, log_line: str) -> str:
-    """What a visitor reads when a run fails: out of GPU memory in one sentence, else the error's name."""
-    from mars.models.device import is_oom, oom_message
-
-    if is_oom(e):
-        LOG.warning("%s: out of GPU memory", log_line)
-        return "The run failed: " + oom_message("try fewer new tokens or a shorter prompt, or wait for other runs")
-    LOG.exception(log_line)
-    return f"The run failed: {type(e).__name__}: {e}"
 
 
 def _texts(run) -> tuple[list, list | None]:

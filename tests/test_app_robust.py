@@ -220,6 +220,48 @@ def test_bad_values_over_http_get_messages_and_the_server_keeps_serving(server, 
         assert text == alone(lm, prompt, tau=0.5, max_new=8).text and trace["prompt"] == sanitize_text(prompt)
 
 
+def test_visitor_input_errors_leave_no_traceback_in_the_log(server, capfd):
+    """Gradio prints a traceback for every gr.Error unless told not to: ~37 lines of log per typo. A refused
+    input prints nothing; the server still answers it with its message."""
+    client = client_for(server)
+    capfd.readouterr()
+    for args, match in [(("", 0.9, 4, 10), "empty"), ((PROMPT, 2.0, 4, 10), "tau"),
+                        ((PROMPT, 0.9, 4, 10**9), "max new tokens"), (("the " * 2000, 0.9, 4, 10), "at most 1024")]:
+        with pytest.raises(Exception, match=match):
+            client.predict(*args, api_name="/generate")
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "gradio.exceptions.Error" not in err, err[-2000:]
+
+
+def test_every_refused_input_is_quiet_and_a_failure_logs_where_it_failed(ui, monkeypatch, caplog):
+    for args in [("", 0.9, 4, 10, "prob", False, MARS), (PROMPT, 0.9, 4, -1, "prob", False, MARS),
+                 (PROMPT, 0.9, 4, 10, "prob", False, "fast")]:
+        with pytest.raises(gr.Error) as err:
+            list(ui.generate(*args, Session()))
+        assert err.value.print_exception is False, err.value
+    with pytest.raises(gr.Error) as err:
+        ui.set_tau(7, Session())
+    assert err.value.print_exception is False
+    with pytest.raises(gr.Error) as err:
+        list(ui.run_sweep(PROMPT, "1.0, nope", 4, 10, "prob", Session()))
+    assert err.value.print_exception is False
+
+    def broken_stream(*a, **k):  # a bug deep in a run: not the visitor's doing
+        raise RuntimeError("kaput")
+        yield
+
+    monkeypatch.setattr(app_module, "run_stream", broken_stream)
+    for call in (lambda: list(run(ui, Session())), lambda: call_api(ui, PROMPT, 0.9, 4, 10)):
+        caplog.clear()
+        with pytest.raises(gr.Error, match="The run failed: RuntimeError: kaput") as err:
+            call()
+        # its traceback, down to the frame that failed, is logged once; Gradio does not print a second one
+        # that would show only the `raise gr.Error(...) from None` line
+        logged = [r for r in caplog.records if r.exc_info]
+        assert len(logged) == 1 and logged[0].exc_info[1].args == ("kaput",)
+        assert "broken_stream" in caplog.text and err.value.print_exception is False
+
+
 def raw_call(server, data) -> tuple[str, object]:
     """The public endpoint over plain HTTP, JSON written by hand: (last event name, its data)."""
     call = f"{server}gradio_api/call/generate"

@@ -67,10 +67,24 @@ def test_batch_runner_streams_rows_then_the_comparison_then_the_files(tiny_lm):
                                           ("ok\n" + "x" * 100_000, "line 2: the prompt is too long")])
 def test_bad_batch_input_gets_one_clear_message(tiny_lm, text, message):
     runner = tabs.make_batch_runner(lambda: tiny_lm)
-    with pytest.raises(gr.Error, match=message):
+    with pytest.raises(gr.Error, match=message) as err:
         run_all(runner, text, 0.9, 4, 16, 16, "time", tabs.BatchSession())
+    assert err.value.print_exception is False  # a refused input prints no traceback in the server log
     with pytest.raises(gr.Error, match="block size"):
         run_all(runner, "hi", 0.9, 99, 16, 16, "time", tabs.BatchSession())
+
+
+def test_a_failed_batch_logs_the_frames_that_failed(tiny_lm, monkeypatch, caplog):
+    def broken_batch(*a, **k):
+        raise RuntimeError("kaput")
+        yield
+
+    monkeypatch.setattr(tabs, "run_batch", broken_batch)
+    with pytest.raises(gr.Error, match="The batch run failed: RuntimeError: kaput") as err:
+        run_all(tabs.make_batch_runner(lambda: tiny_lm), "hi", 0.9, 4, 16, 16, "time", tabs.BatchSession())
+    # logged once with its own traceback (Gradio's print of the gr.Error raised `from None` showed neither)
+    assert err.value.print_exception is False and "broken_batch" in caplog.text
+    assert [r.exc_info[1].args for r in caplog.records if r.exc_info] == [("kaput",)]
 
 
 def test_stop_ends_the_batch_and_skips_the_comparison(tiny_lm):

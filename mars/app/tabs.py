@@ -21,6 +21,7 @@ from typing import Callable
 import gradio as gr
 
 from mars.app import batch_viz, viz
+from mars.app.errors import failure_error, visitor_error
 from mars.app.batch import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
 from mars.app.model_thread import in_own_thread
 from mars.app.session import TabSession
@@ -86,7 +87,7 @@ def make_batch_runner(get_lm: Callable[[], object], pass_slot=None, check_prompt
             cfg = make_config("mars", tau, block_size, max_new_tokens, "prob", top_k=0, cache_block=cache_block)
             ids = [encode(lm, p, cfg) for p in prompts]
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         session.stop()
         control = session.control = DecodeControl()
         skip = gr.update()
@@ -105,7 +106,7 @@ def make_batch_runner(get_lm: Callable[[], object], pass_slot=None, check_prompt
             control.cancel()
             raise
         except Exception as e:  # the app keeps serving
-            raise gr.Error(f"The batch run failed: {type(e).__name__}: {e}") from None
+            raise failure_error(e, "batch run failed", "The batch run failed") from None
         session.last = {"state": state, "comp": comp}
         html_path, json_path = write_batch_files(session, state, comp, lm.describe())
         comp_html = batch_viz.render_comparison_html(comp) if comp else (
