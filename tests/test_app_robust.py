@@ -555,6 +555,36 @@ def test_the_model_loads_at_start_up_and_generate_waits_for_it():
     assert "Loading" not in banner and timer["active"] is False
 
 
+def test_the_server_log_says_once_when_the_app_is_ready_and_how_long_the_start_took(capfd):
+    lm = make_loaded()
+    ui = app_module.create_demo(lambda: lm).mars_app
+    capfd.readouterr()
+    ui.holder.start()
+    ui.holder._loader.join(60)
+    lines = [line for line in capfd.readouterr().err.splitlines() if "MARS Playground" in line]
+    assert len(lines) == 1 and lines[0].startswith("MARS Playground is ready: tiny-llama, "), lines
+    s = ui.holder.start_up
+    assert s["ready_s"] >= s["rehearsal_s"] > 0 and s["before_s"] > 0  # this process started before the test
+    assert f"{s['before_s'] + s['ready_s']:.1f} s after the process started" in lines[0]
+    for part in ("imports and set-up ", "load ", "warm-up ", "first-run rehearsal "):
+        assert part in lines[0], part
+    age = serving.process_seconds()
+    time.sleep(0.2)
+    assert serving.process_seconds() - age == pytest.approx(0.2, abs=0.05)
+
+    def provider():
+        raise LoadError("no such model 'nope'")
+
+    ui = app_module.create_demo(provider).mars_app
+    ui.holder.start()
+    ui.holder._loader.join(60)
+    lines = [line for line in capfd.readouterr().err.splitlines() if "MARS Playground" in line]
+    s = ui.holder.start_up
+    assert lines == [f"MARS Playground: the model could not be loaded (no such model 'nope'), "
+                     f"{s['before_s'] + s['ready_s']:.1f} s after the process started; the app serves on, its page "
+                     "says so"]
+
+
 def test_the_page_and_the_trace_name_the_model_never_a_server_path(tmp_path):
     lm = make_loaded()
     folder = tmp_path / "deep" / "mars-adapter"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -60,6 +61,15 @@ def default_provider() -> Callable[[], object]:
             return lm
 
     return provide
+
+
+def process_seconds() -> float | None:
+    """Seconds since this process started (Linux: /proc), else None."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        return float(Path("/proc/uptime").read_text().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
 
 
 class PassSlot:
@@ -108,24 +118,51 @@ class ModelHolder:
         self.costs = CostKeeper(self.pass_slot)
 
     def start(self) -> None:
-        """Load, warm up and rehearse in a background thread now, so the first visitor does not wait for it."""
+        """Load, warm up and rehearse in a background thread now, so the first visitor does not wait for it; once
+        ready (or failed), one line on stderr says so (`ready_line`)."""
         if self._loader is None and self._lm is None:
             if self.rehearsal is not None:
                 self._warm.clear()
-            self._loader = threading.Thread(target=self._start_up, name="mars-model-loader", daemon=True)
+            before = process_seconds()  # the imports and the app's set-up, when the system says
+            if before is not None:
+                self.start_up["before_s"] = before
+            self._loader = threading.Thread(target=self._start_up, args=(time.perf_counter(),),
+                                            name="mars-model-loader", daemon=True)
             self._loader.start()
 
-    def _start_up(self):
+    def _start_up(self, t0: float):
+        lm = None
         try:
             try:
                 lm = self.get()
             except Exception:  # noqa: BLE001 - remembered in self._error; visitors see it
-                return
-            if self.rehearsal is not None:
+                pass
+            if lm is not None and self.rehearsal is not None:
                 self.rehearse(lm)
         finally:
             self._warm.set()
-        self.costs.start(lambda: self._lm)
+            self.start_up["ready_s"] = time.perf_counter() - t0
+            # the server log's only sign of ready otherwise: Gradio's "Running on local URL", printed before the load
+            print(self.ready_line(), file=sys.stderr, flush=True)
+        if lm is not None:
+            self.costs.start(lambda: self._lm)
+
+    def ready_line(self) -> str:
+        """One line for the server log once the start-up is over: ready (with the model and what the start took)
+        or serving without a model (with why)."""
+        s = self.start_up
+        ready = s.get("ready_s", 0.0)
+        took = (f"{s['before_s'] + ready:.1f} s after the process started" if "before_s" in s
+                else f"{ready:.1f} s after the model's load began")
+        if self._lm is None:
+            return (f"MARS Playground: the model could not be loaded ({self._error}), {took}; the app serves on, "
+                    "its page says so")
+        parts = [f"{name} {s[key]:.1f} s" for name, key in (("imports and set-up", "before_s"), ("load", "load_s"),
+                                                            ("warm-up", "warm_up_s"),
+                                                            ("first-run rehearsal", "rehearsal_s")) if key in s]
+        failed = f"; the first-run rehearsal failed: {s['rehearsal_error']}" if "rehearsal_error" in s else ""
+        return (f"MARS Playground is ready: {public_name(self._lm.name)}, {took}"
+                + (f" ({', '.join(parts)})" if parts else "") + failed)
 
     def rehearse(self, lm) -> bool:
         """The app's rehearsal on `lm`, timed into `start_up`. A failure is logged and put on the model's warnings
