@@ -299,7 +299,7 @@ class MarsApp:
             ar = ""
             if compare:
                 ar = "AR runs beside it, one pass of each in turn"
-                ar += f": {s.ar.tokens} tokens in {s.ar.passes} passes" if s.ar else ""
+                ar += f": {viz.plural(s.ar.tokens, 'token')} in {viz.plural(s.ar.passes, 'pass')}" if s.ar else ""
             return "; ".join(filter(None, [flags, ar]))
 
         streams = [("mars", run_stream(self.holder, lm, prompt, ids, cfg, control), ui.output)]
@@ -355,11 +355,12 @@ class MarsApp:
                       "store": " (from the datastore of the model's own answers to other prompts)",
                       "mars+lookup": " (from the mask positions and copied from the text)",
                       "mars+store": " (from the mask positions and the datastore of the model's own answers)"}
-            header = (f"Pass {i}: {rec.drafts_sent} drafts{source.get(rec.draft_source, '')} checked against "
+            header = (f"Pass {i}: {viz.plural(rec.drafts_sent, 'draft')}{source.get(rec.draft_source, '')} checked against "
                       "the model's own choices, "
-                      f"{len(rec.token_ids)} tokens accepted; next drafts sent at tau {rec.tau:.2f} {timing}.")
+                      f"{viz.plural(len(rec.token_ids), 'token')} accepted; next drafts sent at tau {rec.tau:.2f} {timing}.")
         else:
-            header = f"Pass {i}: {len(rec.token_ids)} of {block} proposals accepted at tau {rec.tau:.2f} {timing}."
+            header = (f"Pass {i}: {len(rec.token_ids)} of {viz.plural(block, 'proposal')} accepted at tau {rec.tau:.2f} "
+                      f"{timing}.")
         html = viz.render_inspector_html(viz.inspector_rows(rec, decode, mode),
                                          viz.chain_stop_reason(rec, block, mode), header)
         if rec.tree_depths is not None:  # verified with a draft tree: its candidates by depth, the path that won

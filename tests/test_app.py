@@ -244,6 +244,8 @@ def test_verified_mode_is_ar_token_for_token_and_shows_rejected_drafts(ui, lm):
     inspector = ui.inspect(i, session)
     assert "checked against the model" in inspector and "rejected: not the model&#x27;s choice" in inspector
     assert "differs from the model" in inspector
+    one = next(i for i, r in enumerate(ver.steps) if len(r.token_ids) == 1)  # e.g. the first pass: no drafts yet
+    assert "1 token accepted" in ui.inspect(one, session) and "1 tokens" not in ui.inspect(one, session)
 
 
 def test_inspector_explains_each_pass(ui):

@@ -278,3 +278,18 @@ def test_inspector_says_when_the_repeat_guard_stopped_the_chain():
     plain = rec(5, " Europe", [7, 8], [0.9, 0.97], [0.5, 0.4])  # same pass, stopped by tau: no guard in the words
     assert "repeat" not in viz.chain_stop_reason(plain, 4) and "below tau" in viz.chain_stop_reason(plain, 4)
     assert "repeat" not in viz.inspector_rows(plain, str)[2]["status"]
+
+
+def test_counts_of_one_are_singular_in_every_text():
+    from mars.decoding.decoder import DecodeConfig
+    from mars.decoding.records import RunRecord
+
+    one = RunRecord(DecodeConfig(), [1]).add([rec(0, "", [11], [0.9], finish="eos")]).finish()
+    line = viz.summary_line(one, one)
+    assert "1 token in 1 forward pass " in line and "AR: 1 token in 1 pass," in line, line
+    assert "1 tokens" not in line and "1 passes" not in line
+    assert "2 tokens in 2 forward passes" in viz.summary_line(RunRecord(DecodeConfig(), [1]).add(RECORDS[:1] * 2))
+    assert "pass 0 · 1 token · tau" in viz.render_groups_html(RECORDS[:1], [["def"]])
+    assert [viz.plural(n, w) for n, w in [(1, "token"), (0, "token"), (2, "pass"), (1, "pass"),
+                                            (3, "forward pass")]] == ["1 token", "0 tokens", "2 passes", "1 pass",
+                                                                      "3 forward passes"]

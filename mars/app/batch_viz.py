@@ -77,7 +77,7 @@ def render_row_html(row, batch_passes: int, prompt_chars: int = 90) -> str:
     status = f"finished: {run.finish_reason}" if row.finished else state
     prompt = row.prompt if len(row.prompt) <= prompt_chars else row.prompt[: prompt_chars - 1] + "…"
     head = (f'<div class="mars-row-head"><b>#{row.index + 1}</b><span>{viz.esc(status)}</span>'
-            f"<span>{run.tokens} tokens · {run.passes} passes · {len(row.idle_passes)} idle · "
+            f"<span>{viz.plural(run.tokens, 'token')} · {viz.plural(run.passes, 'pass')} · {len(row.idle_passes)} idle · "
             f"{run.tokens_per_pass:.2f} tokens/pass</span>"
             f'<span class="mars-row-prompt" title="{viz.esc(row.prompt)}">{viz.esc(prompt)}</span></div>')
     attrs = (f'data-row="{row.index}" data-state="{state}" data-tokens="{run.tokens}" '
@@ -143,7 +143,7 @@ def make_batch_timeline_figure(state, axis: str = "time") -> go.Figure:
                customdata=idle["hover"], hovertemplate="%{customdata}<extra></extra>"),
     ]
     totals = state.totals if rows else None
-    title = (f"Batch of {len(rows)}: {state.batch_passes} passes, {totals.tokens} tokens "
+    title = (f"Batch of {len(rows)}: {viz.plural(state.batch_passes, 'pass')}, {viz.plural(totals.tokens, 'token')} "
              f"({totals.tokens_per_batch_pass:.2f} per pass)") if rows else "Batch: passes on a shared time axis"
     x_title = "seconds of decoding (shared by all rows)" if axis == "time" else "pass (shared by all rows)"
     height = max(240, 110 + 34 * len(rows))

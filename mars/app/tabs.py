@@ -62,7 +62,8 @@ def write_batch_files(session: BatchSession, state, comp, model: dict) -> tuple[
 
 def summary_line(state) -> str:
     t = state.totals
-    return (f"{len(state.rows)} prompts, {state.batch_passes} passes of the batch, {t.tokens} tokens "
+    return (f"{viz.plural(len(state.rows), 'prompt')}, {viz.plural(state.batch_passes, 'pass')} of the batch, "
+            f"{viz.plural(t.tokens, 'token')} "
             f"({t.tokens_per_batch_pass:.2f} per pass), {state.idle_row_passes} row-passes idle at cache-block ends, "
             f"{t.batch_seconds:.2f} s of decoding; tau {state.settings['tau']}, B {state.settings['block_size']}, "
             f"cache block {state.settings['cache_block']}.")

@@ -70,6 +70,12 @@ def shade(pass_number: int, size: int) -> tuple[str, str]:
     return background, ("#ffffff" if level >= DARK_TEXT_FROM else "#111111")
 
 
+def plural(n: int, word: str) -> str:
+    """`n word` in the right number: 1 token, 2 tokens, 1 pass, 0 passes (every count the app writes)."""
+    many = word + ("es" if word.endswith(("s", "sh", "ch", "x")) else "s")
+    return f"{n} {word if n == 1 else many}"
+
+
 def token_label(text: str) -> str:
     """A token as it reads in a tooltip: quotes, with newlines and tabs made visible."""
     return repr(text)
@@ -77,10 +83,10 @@ def token_label(text: str) -> str:
 
 def _hover(rec, texts: Sequence[str]) -> str:
     n = len(rec.token_ids)
-    lines = [f"pass {rec.pass_index} · {n} token{'s' if n != 1 else ''} · tau {rec.tau:.2f}"]
+    lines = [f"pass {rec.pass_index} · {plural(n, 'token')} · tau {rec.tau:.2f}"]
     sent = getattr(rec, "drafts_sent", 0)
     if sent:
-        lines.append(f"{max(0, sent - len(rec.rejected_token_ids))} of {sent} drafts verified")
+        lines.append(f"{max(0, sent - len(rec.rejected_token_ids))} of {plural(sent, 'draft')} verified")
     for t, c in zip(texts, rec.confidences):
         lines.append(f"{token_label(t)}  {c:.3f}")
     if rec.finish_reason:
@@ -224,7 +230,7 @@ def render_tree_html(rows: Sequence[dict], own: str | None, checked: int) -> str
         return ('<div class="mars-tree mars-note" data-depths="0">draft tree: no candidates this pass (the first '
                 "pass, or none reached tau): the model's own next token only</div>")
     out = [f'<table class="mars-inspect mars-tree" data-depths="{len(rows)}" data-nodes="{checked}">'
-           f"<tr><th>depth</th><th>candidates checked ({checked} nodes in all), the accepted path's in bold</th></tr>"]
+           f"<tr><th>depth</th><th>candidates checked ({plural(checked, 'node')} in all), the accepted path's in bold</th></tr>"]
     for r in rows:
         cells = " ".join(f'<span class="mars-accepted" data-won="1">{esc(token_label(t))}</span>' if won
                          else f"<span>{esc(token_label(t))}</span>" for t, won in r["candidates"])
@@ -257,7 +263,8 @@ def chain_stop_reason(rec, proposals: int, mode: str = "mars") -> str:
         if rec.rejected_token_ids:
             return (f"draft {n} differs from the model's own choice: it and the drafts after it are dropped, "
                     "the model's token takes its place")
-        return f"all {rec.drafts_sent} drafts verified, plus the model's own next token"
+        return ("the draft verified" if rec.drafts_sent == 1 else f"all {rec.drafts_sent} drafts verified") + \
+            ", plus the model's own next token"
     if proposals == 1:
         return "AR mode: one token per pass"
     if n >= proposals:
@@ -307,11 +314,11 @@ def mode_name(mode: str) -> str:
 
 def summary_line(mars, ar=None) -> str:
     """One sentence on a finished run (a RunRecord) and its AR baseline."""
-    s = (f"{mode_name(mars.config.mode)}: {mars.tokens} tokens in {mars.passes} forward passes "
+    s = (f"{mode_name(mars.config.mode)}: {plural(mars.tokens, 'token')} in {plural(mars.passes, 'forward pass')} "
          f"({mars.tokens_per_pass:.2f} tokens/pass), "
          f"{mars.decode_seconds:.2f} s of decoding")
     if ar is not None and ar.finished:
-        s += f"; AR: {ar.tokens} tokens in {ar.passes} passes, {ar.decode_seconds:.2f} s"
+        s += f"; AR: {plural(ar.tokens, 'token')} in {plural(ar.passes, 'pass')}, {ar.decode_seconds:.2f} s"
     return s + "."
 
 
