@@ -597,7 +597,7 @@ class MarsApp:
                     ui.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
                     ui.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
             with gr.Column(scale=2):
-                ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure(None, DEFAULT_BLOCK_SIZE), show_label=False,
+                ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure(None), show_label=False,
                                          elem_id="chart-tokens")
                 ui.chart_conf = gr.Plot(viz.make_confidence_figure([]), show_label=False, elem_id="chart-conf")
                 ui.chart_race = gr.Plot(viz.make_race_figure([]), show_label=False, elem_id="chart-race")

@@ -162,7 +162,33 @@ def test_tokens_per_pass_figure():
     assert bar.type == "bar" and list(bar.y) == [1, 2, 3, 4, 1]
     assert ar.name.startswith("AR") and list(ar.y) == [1, 1]
     assert "mean 2.20" in fig.layout.title.text
-    assert "mean 0.00" in viz.make_tokens_per_pass_figure(None, 4).layout.title.text  # before the first run
+    assert "B = 4" in fig.layout.title.text
+
+
+def no_run_note(fig) -> list[str]:
+    return [a.text for a in fig.layout.annotations if a.text.startswith("no ")]
+
+
+def test_empty_charts_have_plain_axes_a_note_and_no_b():
+    """Before the first run and after Clear: the reviewer read "B = 4" over a page set to B 2, and axes from -1 to 1
+    (-0.4 to 0.4 under the bars) around nothing."""
+    tokens = viz.make_tokens_per_pass_figure(None, 4)
+    assert "B =" not in tokens.layout.title.text and "mean" not in tokens.layout.title.text
+    assert list(tokens.layout.xaxis.range) == [0, viz.EMPTY_PASSES] and tokens.layout.yaxis.range[0] == 0
+    conf, race = viz.make_confidence_figure([]), viz.make_race_figure([])
+    assert list(conf.layout.xaxis.range) == [0, viz.EMPTY_PASSES]
+    for axis in ("xaxis", "yaxis", "xaxis2", "yaxis2"):
+        low, high = race.layout[axis].range
+        assert low == 0 and high >= 1, axis
+    sweep = viz.make_sweep_figure([])
+    assert list(sweep.layout.xaxis.range) == list(sweep.layout.xaxis2.range) == [0, 4]
+    for fig in (tokens, conf, race, sweep):
+        assert len(no_run_note(fig)) == 1, fig.layout.title.text
+    # a chart with a run has no note and plotly's own ranges
+    ar = [rec(i, "x", [i], [0.5]) for i in range(3)]
+    for fig in (viz.make_race_figure(RECORDS, ar), viz.make_confidence_figure(RECORDS),
+                viz.make_sweep_figure([{"tau": 1.0, "tokens_per_pass": 1.0, "agreement": 1.0, "nll": 1.2}])):
+        assert not no_run_note(fig) and fig.layout.xaxis.range is None
 
 
 def test_tokens_per_pass_axis_holds_passes_longer_than_b():
@@ -218,6 +244,7 @@ def test_sweep_figure_plots_quality_against_tokens_per_pass():
     same = rows + [{"tau": 0.9, "tokens_per_pass": 1.0, "agreement": 1.0, "nll": 1.2}]
     assert list(viz.make_sweep_figure(same).data[0].text) == ["τ=1, 0.9", "τ=0.5", ""]  # no overprinting
     assert viz.make_sweep_figure([]).data[0].x in (None, ())
+
 
 
 def verified(i, text, ids, rejected_ids, rejected_confs, sent):

@@ -419,20 +419,36 @@ def _two_panels(left_title: str, right_title: str, gap: float = 0.12) -> dict:
     )
 
 
-def make_tokens_per_pass_figure(run, block_size: int) -> go.Figure:
-    """Tokens accepted by each forward pass of a run (a RunRecord; None: an empty chart), with AR's constant
-    1 token per pass for reference; the title's mean is the run's own tokens_per_pass."""
+EMPTY_PASSES = 10  # the pass axis of a chart with no run yet: 0..10 passes, not plotly's -1..1 around nothing
+
+
+def _no_run(layout: dict, text: str = "no run yet: press Generate", x: float = 0.5) -> dict:
+    """`layout` with a grey note in the middle of an empty chart (at paper x), beside any annotations it has."""
+    note = dict(text=text, xref="paper", yref="paper", x=x, y=0.5, xanchor="center", showarrow=False,
+                font=dict(size=13, color="#888888"))
+    return {**layout, "annotations": [*layout.get("annotations", []), note]}
+
+
+def make_tokens_per_pass_figure(run, block_size: int | None = None) -> go.Figure:
+    """Tokens accepted by each forward pass of a run (a RunRecord; None, or no pass yet: an empty chart), with
+    AR's constant 1 token per pass for reference; the title's mean is the run's own tokens_per_pass. With no
+    run the title names no B: the page's B slider may say another (the mode's and the model's B)."""
     sizes = [len(s.token_ids) for s in run.steps] if run is not None else []
-    mean = run.tokens_per_pass if run is not None else 0.0
     passes = list(range(len(sizes)))
+    end = len(sizes) - 0.5 if sizes else EMPTY_PASSES
     traces = [
         go.Bar(x=passes, y=list(sizes), name="MARS", marker_color=MARS_COLOR,
                hovertemplate="pass %{x}: %{y} tokens<extra></extra>"),
-        go.Scatter(x=[-0.5, max(len(sizes), 1) - 0.5], y=[1, 1], mode="lines", name="AR baseline (1)",
+        go.Scatter(x=[-0.5 if sizes else 0, end], y=[1, 1], mode="lines", name="AR baseline (1)",
                    line=dict(color=AR_COLOR, dash="dash")),
     ]
-    top = max([block_size, *sizes])  # a verified pass (a draft tree, an n-gram copy) can accept more than B
-    return _figure(traces, f"Tokens per pass (mean {mean:.2f}, B = {block_size})",
+    if not sizes:
+        return _figure(traces, "Tokens per pass", **_no_run(dict(
+            yaxis=dict(range=[0, 4.5], dtick=1, title=dict(text="tokens")),
+            xaxis=dict(range=[0, EMPTY_PASSES], title=dict(text="forward pass")))))
+    top = max([block_size or 1, *sizes])  # a verified pass (a draft tree, an n-gram copy) can accept more than B
+    b = f", B = {block_size}" if block_size else ""
+    return _figure(traces, f"Tokens per pass (mean {run.tokens_per_pass:.2f}{b})",
                    yaxis=dict(range=[0, top + 0.5], dtick=1, title=dict(text="tokens")),
                    xaxis=dict(title=dict(text="forward pass")))
 
@@ -463,9 +479,12 @@ def make_confidence_figure(records: Sequence) -> go.Figure:
         go.Scatter(x=[r.pass_index for r in records], y=[r.tau for r in records], mode="lines", name="tau",
                    line=dict(color=TAU_COLOR, dash="dot", shape="hvh")),
     ]
-    return _figure(traces, "Confidence of each proposal vs tau",
-                   yaxis=dict(range=[-0.03, 1.03], title=dict(text="confidence")),
-                   xaxis=dict(title=dict(text="forward pass")))
+    layout = dict(yaxis=dict(range=[-0.03, 1.03], title=dict(text="confidence")),
+                  xaxis=dict(title=dict(text="forward pass")))
+    if not records:
+        layout["xaxis"]["range"] = [0, EMPTY_PASSES]
+        layout = _no_run(layout)
+    return _figure(traces, "Confidence of each proposal vs tau", **layout)
 
 
 def cumulative(records: Sequence) -> tuple[list[int], list[int], list[float]]:
@@ -494,13 +513,17 @@ def make_race_figure(mars: Sequence, ar: Sequence | None = None) -> go.Figure:
                    go.Scatter(x=as_, y=at, mode="lines", name="AR", line=line, showlegend=False,
                               xaxis="x2", yaxis="y2")]
     else:
-        top = max(mt[-1], 1)
+        top = max(mt[-1], 1) if mars else EMPTY_PASSES
         traces.append(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="AR (1 token/pass)",
                                  line=dict(color=AR_COLOR, dash="dash")))
     layout = _two_panels("", "")  # the axis titles name the panels
     layout["xaxis"]["title"] = dict(text="forward passes")
     layout["xaxis2"]["title"] = dict(text="seconds (decode)")
     layout["yaxis"]["title"] = dict(text="tokens")
+    if not mars and not ar:  # no run yet: 0..10 passes and tokens, 0..1 s, not -1..1 around the origin
+        for axis, end in (("xaxis", EMPTY_PASSES), ("yaxis", EMPTY_PASSES), ("xaxis2", 1), ("yaxis2", EMPTY_PASSES)):
+            layout[axis]["range"] = [0, end]
+        layout = _no_run(layout, "no run yet", x=0.78)  # the right panel: the left has the AR line and legend
     return _figure(traces, "The race: MARS vs AR", height=290, margin=dict(l=50, r=15, t=50, b=45),
                    legend=dict(x=0.01, y=0.98, xanchor="left", yanchor="top", bgcolor="rgba(255,255,255,0.75)"),
                    **layout)
@@ -563,5 +586,9 @@ def make_sweep_figure(rows: Sequence[dict]) -> go.Figure:
     for axis in ("xaxis", "xaxis2"):
         layout[axis]["title"] = dict(text="tokens per pass")
     layout["yaxis"]["range"] = [-0.05, 1.1]
+    if not rows:  # no sweep yet: tokens per pass from 1 (AR) up, NLL from 0, not -1..1 around nothing
+        layout["xaxis"]["range"] = layout["xaxis2"]["range"] = [0, 4]
+        layout["yaxis2"]["range"] = [0, 3]
+        layout = _no_run(layout, "no sweep yet: press Sweep τ", x=0.22)
     return _figure(traces, "Sweeping tau: speed against quality", height=340, margin=dict(l=50, r=15, t=75, b=45),
                    **layout)
