@@ -391,12 +391,13 @@ class MarsApp:
         ar = session.ar
         reuse = ar is not None and ar.finished and ar.finish_reason != "cancelled" and ar.prompt == prompt \
             and ar.config.max_new_tokens == base.max_new_tokens
-        yield {self.ui.sweep_table: '<div class="mars-note">running the AR reference, then one run per tau…</div>'}
+        yield {self.ui.sweep_table: '<div class="mars-note">running the AR reference, then one run per tau at '
+                                     f'B = {base.block_size} (the Generate tab\'s)…</div>'}
         headers = ["tau", "passes", "tokens", "tokens/pass", "seconds", "agreement", "mean NLL"]
         keys = ["tau", "passes", "tokens", "tokens_per_pass", "seconds", "agreement", "nll"]
         for rows in sweep(self.holder, lm, ids, base, taus, control, ar.token_ids if reuse else None):
             table = viz.render_table_html(headers, [[r[k] for k in keys] for r in rows])
-            yield {self.ui.chart_sweep: viz.make_sweep_figure(rows), self.ui.sweep_table: table}
+            yield {self.ui.chart_sweep: viz.make_sweep_figure(rows, base.block_size), self.ui.sweep_table: table}
 
     def live_policy(self) -> Policy:
         """The policy for the address the server really listens on (Gradio sets it at launch, whatever

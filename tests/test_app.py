@@ -318,6 +318,10 @@ def test_sweep_compares_each_tau_with_ar(ui):
     fig = updates[-1][ui.ui.chart_sweep]
     assert table.count("<tr>") == 3
     assert list(fig.data[0].y)[0] == 1.0  # tau = 1 reproduces the AR output exactly
+    # the B it ran at (the Generate tab's slider: the Sweep tab has none of its own) is named
+    assert "B = 4" in fig.layout.title.text and "at B = 4" in updates[0][ui.ui.sweep_table]
+    at_3 = list(ui.run_sweep(PROMPT, "1.0", 3, 8, "prob", session))[-1][ui.ui.chart_sweep]
+    assert "B = 3" in at_3.layout.title.text
     with pytest.raises(gr.Error):
         list(ui.run_sweep(PROMPT, "1.0, banana", 4, 24, "prob", session))
 

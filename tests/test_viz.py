@@ -247,6 +247,17 @@ def test_sweep_figure_plots_quality_against_tokens_per_pass():
 
 
 
+def test_sweep_figure_names_its_b_and_puts_neighbouring_labels_above_and_below():
+    rows = [{"tau": t, "tokens_per_pass": 1.0 + i / 20, "agreement": 1.0, "nll": 1.0} for i, t in
+            enumerate([1.0, 0.9, 0.8, 0.7])]
+    fig = viz.make_sweep_figure(rows, 2)
+    assert "B = 2" in fig.layout.title.text
+    assert list(fig.data[0].textposition) == ["top center", "bottom center", "top center", "bottom center"]
+    same = [rows[0], dict(rows[0], tau=0.95), rows[1]]  # the second shares the first's label: no turn is spent on it
+    positions = viz.make_sweep_figure(same, 2).data[0].textposition
+    assert positions[0] == "top center" and positions[2] == "bottom center"
+
+
 def verified(i, text, ids, rejected_ids, rejected_confs, sent):
     r = rec(i, text, ids, [0.9] * len(ids), rejected_confs)
     r.rejected_token_ids, r.drafts_sent = list(rejected_ids), sent

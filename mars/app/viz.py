@@ -568,17 +568,29 @@ def _point_labels(rows: Sequence[dict], key: str) -> list[str]:
     return labels
 
 
-def make_sweep_figure(rows: Sequence[dict]) -> go.Figure:
+def _label_positions(labels: Sequence[str]) -> list[str]:
+    """Above and below the points in turn (counting labelled points only): neighbouring taus' labels, close
+    together at the top of the agreement panel, no longer print over each other."""
+    out, k = [], 0
+    for label in labels:
+        out.append("top center" if k % 2 == 0 else "bottom center")
+        k += bool(label)
+    return out
+
+
+def make_sweep_figure(rows: Sequence[dict], block_size: int | None = None) -> go.Figure:
     """tau sweep: tokens per pass against agreement with AR (left) and the AR model's mean NLL (right).
 
-    rows: {tau, tokens_per_pass, agreement, nll}; one point per tau, labelled with it.
+    rows: {tau, tokens_per_pass, agreement, nll}; one point per tau, labelled with it. block_size: the B the
+    sweep ran at (the Generate tab's), named in the title.
     """
     x = [r["tokens_per_pass"] for r in rows]
     traces = []
     for axis, key in (("", "agreement"), ("2", "nll")):
+        labels = _point_labels(rows, key)
         traces.append(go.Scatter(
-            x=x, y=[r[key] for r in rows], text=_point_labels(rows, key), mode="markers+text+lines",
-            textposition="top center",
+            x=x, y=[r[key] for r in rows], text=labels, mode="markers+text+lines",
+            textposition=_label_positions(labels),
             marker=dict(color=MARS_COLOR, size=9), line=dict(color=MARS_COLOR, dash="dot"), showlegend=False,
             hovertemplate="%{text}: %{x:.2f} tokens/pass, %{y:.3f}<extra></extra>", xaxis="x" + axis, yaxis="y" + axis,
         ))
@@ -590,5 +602,6 @@ def make_sweep_figure(rows: Sequence[dict]) -> go.Figure:
         layout["xaxis"]["range"] = layout["xaxis2"]["range"] = [0, 4]
         layout["yaxis2"]["range"] = [0, 3]
         layout = _no_run(layout, "no sweep yet: press Sweep τ", x=0.22)
-    return _figure(traces, "Sweeping tau: speed against quality", height=340, margin=dict(l=50, r=15, t=75, b=45),
-                   **layout)
+    at = f" at B = {block_size}" if block_size else ""
+    return _figure(traces, f"Sweeping tau{at}: speed against quality", height=340,
+                   margin=dict(l=50, r=15, t=75, b=45), **layout)
