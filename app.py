@@ -24,6 +24,7 @@ import gradio as gr
 
 from mars import settings
 from mars.app import viz
+from mars.app.components import ClampedSlider
 from mars.app.errors import failure_error, visitor_error
 from mars.app.policy import Policy, PolicyError
 from mars.app.model_thread import in_own_thread
@@ -595,7 +596,7 @@ class MarsApp:
                     ui.download_json = gr.DownloadButton("Download trace (JSON)", interactive=False,
                                                         elem_id="download-json", size="sm")
                 with gr.Accordion("Inspect a pass", open=True) as ui.inspect_box:
-                    ui.inspect_pass = gr.Slider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
+                    ui.inspect_pass = ClampedSlider(0, 1, value=0, step=1, label="pass", elem_id="inspect-pass")
                     ui.inspect = gr.HTML(self.inspect(0, Session()), elem_id="inspect")
             with gr.Column(scale=2):
                 ui.chart_tokens = gr.Plot(viz.make_tokens_per_pass_figure(None), show_label=False,

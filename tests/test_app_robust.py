@@ -262,6 +262,18 @@ def test_every_refused_input_is_quiet_and_a_failure_logs_where_it_failed(ui, mon
         assert "broken_stream" in caplog.text and err.value.print_exception is False
 
 
+def test_the_pass_inspectors_slider_takes_a_number_beyond_the_run_as_its_last_pass():
+    """Gradio's own Slider refuses an out-of-range value ("Value 9999 is greater than maximum value 66.", a
+    traceback in the log): the pass box is the one whose visitors type numbers beyond it."""
+    from mars.app.components import ClampedSlider
+
+    with pytest.raises(gr.Error, match="greater than maximum"):
+        gr.Slider(0, 66, value=0, step=1).preprocess(9999)
+    passes = ClampedSlider(0, 66, value=0, step=1, label="pass")
+    assert [passes.preprocess(v) for v in (9999, -5, 3, 66, math.nan)] == [66, 0, 3, 66, 0]
+    assert passes.get_block_name() == "slider"  # the page draws Gradio's own slider
+
+
 def raw_call(server, data) -> tuple[str, object]:
     """The public endpoint over plain HTTP, JSON written by hand: (last event name, its data)."""
     call = f"{server}gradio_api/call/generate"

@@ -256,6 +256,23 @@ def test_verified_tree_inspector_shows_the_candidates_by_depth_and_the_path_that
     page.close()
 
 
+def test_a_pass_number_beyond_the_run_shows_the_last_pass(browser, tiny_server):
+    """The review: 9999 typed into the inspector's pass box gave Gradio's "Value 9999 is greater than maximum value
+    66." in a red toast (and a traceback in the server log). It now means the last pass."""
+    page = open_app(browser, tiny_server)
+    page.fill("#prompt textarea", "what is the capital of france ?")
+    set_number(page, "max-new-tokens", 16)
+    press_generate(page)
+    page.wait_for_selector('#stats [data-state="done"]', timeout=120_000)
+    passes = int(page.get_attribute("#stats .mars-stats-wrap", "data-passes"))
+    set_number(page, "inspect-pass", 9999)
+    page.wait_for_function(f"document.querySelector('#inspect').innerText.includes('Pass {passes - 1}:')",
+                           timeout=30_000)
+    page.wait_for_timeout(500)
+    assert "greater than maximum" not in page.inner_text("body")
+    page.close()
+
+
 def test_race_is_measured_from_both_runs_and_verified_mode_defaults_to_tau_0(browser, tiny_server):
     """Issue 15 item 2 in the page: the race's speed-up is the two runs' measured decode seconds per token (as
     in the trace download), and choosing the lossless mode moves tau to its best setting, 0 (send every draft)."""
