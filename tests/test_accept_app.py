@@ -195,10 +195,12 @@ def test_the_handler_runs_through_the_slot_and_writes_parsing_files(tiny_lm):
     rows = list(csv.DictReader(Path(last[7]["value"]).open()))
     assert rows and rows[0]["table"] == "summary"
     assert len(calls) > 10  # every pass and forward went through the slot
-    with pytest.raises(gr.Error, match="at most 16"):
+    with pytest.raises(gr.Error, match="at most 16") as err:
         list(runner("\n".join(["hi"] * 17), 0.5, 4, 12, "", True, session))
-    with pytest.raises(gr.Error, match="taus must be"):
+    assert err.value.print_exception is False  # a refused input: the page says why, the server log nothing
+    with pytest.raises(gr.Error, match="taus must be") as err:
         list(runner("hi", 0.5, 4, 12, "x", True, session))
+    assert err.value.print_exception is False
     session.close()
     assert session.folder is None
 
@@ -281,3 +283,20 @@ def test_cli_accept_bad_input_exits_2_with_one_line(tiny_dir, capsys, args, mess
                  "--max-new-tokens", "4", "--taus", ""]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert message in err[-1] and err[-1].startswith("error:")
+
+
+def test_a_lab_that_fails_logs_its_traceback_once_and_the_page_reads_one_sentence(tiny_lm, monkeypatch, caplog):
+    """Not the visitor's doing: the frames that failed go to the log once (mars.app.errors.failure_error), and
+    Gradio prints no second traceback of its own."""
+    from mars.app import accept_tab
+
+    def broken_lab(*a, **k):
+        raise RuntimeError("kaput")
+        yield
+
+    monkeypatch.setattr(accept_tab, "run_lab", broken_lab)
+    with pytest.raises(gr.Error, match="The acceptance lab failed: RuntimeError: kaput") as err:
+        list(make_accept_runner(lambda: tiny_lm)("the sky is", 0.5, 4, 12, "", False, AcceptSession()))
+    logged = [r for r in caplog.records if r.exc_info]
+    assert len(logged) == 1 and logged[0].exc_info[1].args == ("kaput",) and "broken_lab" in caplog.text
+    assert err.value.print_exception is False

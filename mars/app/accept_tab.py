@@ -23,6 +23,7 @@ import gradio as gr
 
 from mars.app import accept_viz
 from mars.app.accept_inspect import LabCases, case_pass, find_case, keep_cases, render_case_html
+from mars.app.errors import failure_error, visitor_error
 from mars.app.session import TabSession
 from mars.decoding.decoder import DecodeControl, check_int, check_tau
 from mars.evaluation.acceptance_lab import MAX_PROMPTS, LabConfig, run_lab
@@ -176,7 +177,7 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
             ids = [inputs.encode_checked(lm, p, inputs.make_config("ar", 1.0, 1, cfg.max_new_tokens, top_k=0))
                    for p in prompts]
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         session.stop()
         control = session.control = DecodeControl()
         skip = gr.skip()
@@ -218,9 +219,9 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
             control.cancel()
             raise
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         except Exception as e:  # the app keeps serving
-            raise gr.Error(f"The acceptance lab failed: {type(e).__name__}: {e}") from None
+            raise failure_error(e, "acceptance lab failed", "The acceptance lab failed") from None
         if result is None:
             yield (accept_viz.render_summary_html(None, "stopped before the drafts were measured: no results for "
                                                   "these prompts (the previous run's were cleared when this one "
@@ -250,9 +251,9 @@ def make_case_inspector(get_lm: Callable[[], object], pass_slot=None):
             rec = case_pass(lm, answer, row["position"], cases.block_size, tau, variant=cases.variant,
                             backend=cases.backend, top_k=TOP_K, run=run_on, runner_factory=runner_factory)
         except ValueError as e:
-            raise gr.Error(str(e)) from None
+            raise visitor_error(e) from None
         except Exception as e:  # the app keeps serving
-            raise gr.Error(f"The pass could not be inspected: {type(e).__name__}: {e}") from None
+            raise failure_error(e, "lab case inspection failed", "The pass could not be inspected") from None
         return render_case_html(rec, row, kind, answer, lm.tokenizer, cases.block_size)
 
     return inspect_case
