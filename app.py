@@ -135,12 +135,17 @@ class MarsApp:
         the first took the start of the event on its passes: in the browser race on two cores MARS-then-AR read
         0.88x and AR-then-MARS 1.39x on the same prompts and passes (docs/int8.md).
         The groups of the runs that moved and the stats go out at most every `self.text_every_s` (the event's
-        first pass and each run's end at once); charts at most every `self.chart_every_s` while a run goes, not
-        at its end: `generate`'s last update draws them once all runs are in. `control`: the runs'; once it is no
+        first pass and each run's end at once); charts at most every `self.chart_every_s` while a single run goes,
+        never during a race, nor at a run's end: `generate`'s last update draws them once all runs are in. A redraw
+        of three figures holds the interpreter for 0.2-0.6 s, and the passes of that moment wait: mid-race, with
+        MARS usually done before the first redraw was due, it fell on AR's passes alone (`tools.race
+        --chart-every 3.0 inf`, a code prompt, 3 rounds each in turn: 1.68x with redraws every 3 s, 1.37x with
+        none; the app's handler without server or page 1.44-1.48x). `control`: the runs'; once it is no
         longer the session's (Clear, or a newer run of this visitor's), the runs are no longer the session's and
         nothing more is written or sent."""
         last_chart = last_text = time.perf_counter()
         live, moved, sent = list(streams), set(), False
+        racing = len(streams) > 1
         while live:
             for entry in list(live):
                 which, stream, _ = entry
@@ -159,7 +164,7 @@ class MarsApp:
                 upd = {output: self._groups(getattr(session, w)) for w, _, output in streams if w in moved}
                 moved.clear()
                 upd[self.ui.stats] = self._stats(session, "running", note(session))
-                if not run.finished and now - last_chart > self.chart_every_s:
+                if not racing and not run.finished and now - last_chart > self.chart_every_s:
                     upd.update(self._charts(session))
                     last_chart = now
                 yield upd
