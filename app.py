@@ -34,7 +34,8 @@ from mars.app.sweep import parse_taus, sweep
 from mars.app.accept_tab import build_accept_tab
 from mars.app.tabs import SWITCH, BATCH_CSS, build_batch_tab, build_model_list, model_tab_help, paper_links_markdown
 from mars.app.inputs import (
-    DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, app_cut_costs, app_tree_nodes,
+    DEFAULT_MODE_LABEL, MAX_BLOCK, MAX_TREE_NODES_APP, MODE_LABELS, MODE_TAU, TAU_LABELS, app_cut_costs, app_run_backend,
+    app_tree_nodes,
     backend_label, chart_every_s, check_mode, check_prompt, encode_checked, fit_to_model, make_config,
     max_new_tokens_limit, mode_block, text_every_s,
 )
@@ -238,10 +239,7 @@ class MarsApp:
                 ("backend", backend_label(lm))]
         costs = app_cut_costs(lm)  # measured at warm-up (inputs.app_pass_costs); None under MARS_TREE_CUT=0
         if costs is not None and len(costs.by_width) > 1:
-            from mars.app.inputs import app_backend
-            from mars.runtime.backends import resolve_backend
-
-            when = self.holder.costs.when(resolve_backend(lm.model, app_backend()))  # when, and why if again
+            when = self.holder.costs.when(app_run_backend(lm))  # when, and why if measured again
             rows.append(("tree size", f"{when}: an input more costs +{100 * (costs.by_width[1] - 1):.0f}% "
                          f"of a one-input pass here, mask inputs +{100 * costs.group:.0f}% on top; each tree sends "
                          "only the nodes, and the mask group only while its drafts, that pay for it"))

@@ -159,7 +159,6 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
     from mars.app import inputs
     from mars.app.serving import public_name
     from mars.app.sweep import parse_taus
-    from mars.runtime.backends import resolve_backend
 
     def run(prompts_text, tau, block_size, max_new_tokens, taus_text, compare, session: AcceptSession,
             main_session=None):
@@ -169,7 +168,7 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
             if lm.mask_token_id is None:
                 raise ValueError("this model has no mask token: it drafts nothing, so there is no acceptance to study")
             taus = parse_taus(taus_text) if str(taus_text or "").strip() else []
-            backend = resolve_backend(lm.model, inputs.app_backend())
+            backend = inputs.app_run_backend(lm)
             cfg = LabConfig(block_size=check_int("block size", block_size, 2, inputs.MAX_BLOCK),
                             max_new_tokens=check_int("max new tokens", max_new_tokens, 1,
                                                             inputs.max_new_tokens_limit()),

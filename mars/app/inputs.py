@@ -91,9 +91,7 @@ def app_cut_costs(lm, backend: str | None = None):
     if not settings.get().tree_cut:
         return None
     if backend is None:
-        from mars.runtime.backends import resolve_backend
-
-        backend = resolve_backend(lm.model, app_backend())
+        backend = app_run_backend(lm)
     return getattr(lm, "pass_costs", {}).get(backend)
 
 
@@ -142,6 +140,14 @@ def app_backend() -> str:
     return settings.get().backend
 
 
+def app_run_backend(lm) -> str:
+    """The backend every visitor's runs on `lm` resolve to (app_backend's "auto" names made concrete): the key of
+    the model's pass-cost tables and what the Model panel names."""
+    from mars.runtime.backends import resolve_backend
+
+    return resolve_backend(lm.model, app_backend())
+
+
 BACKEND_LABELS = {  # the Model panel's words for what runs the model
     "fast-int8": "int8 matrices (fast path): the lossless modes give exactly this int8 model's greedy text",
     "fast": "float32 matrices (fast path)",
@@ -154,9 +160,7 @@ BACKEND_LABELS = {  # the Model panel's words for what runs the model
 def backend_label(lm) -> str:
     """The backend every visitor's runs use on this model, in words (Model panel); for int8, what its matrices
     run on: 'C kernels, AVX2' (AVX-512 VNNI, AMX) or 'tensor fallback: <why>' (mars.runtime.kernels.status)."""
-    from mars.runtime.backends import resolve_backend
-
-    name = resolve_backend(lm.model, app_backend())
+    name = app_run_backend(lm)
     if name == "fast-int8":
         from mars.runtime.kernels import status
 

@@ -24,10 +24,9 @@ from typing import Callable, Iterator
 import torch
 
 from mars import settings
-from mars.app.inputs import app_backend, app_datastore, app_pass_costs, sanitize_text
+from mars.app.inputs import app_backend, app_datastore, app_pass_costs, app_run_backend, sanitize_text
 from mars.app import model_thread
 from mars.app.cost_keeper import CostKeeper
-from mars.runtime.backends import resolve_backend
 from mars.decoding.decoder import DecodeConfig, DecodeControl, stream
 from mars.decoding.records import PassRecord
 
@@ -235,7 +234,7 @@ class ModelHolder:
             for _ in self.passes(lm, ids, cfg, DecodeControl()):
                 pass
         app_datastore(lm)  # builds the datastore's table (~4 s) before the first tree needs it
-        backend = resolve_backend(lm.model, app_backend())
+        backend = app_run_backend(lm)
         if self.pass_slot.run(app_pass_costs, lm, backend) is not None:  # what a wider pass costs here: trees follow it
             self.costs.measured(backend)  # its age, and the passes checked against it, start now
         return lm

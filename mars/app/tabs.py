@@ -21,8 +21,8 @@ from typing import Callable
 import gradio as gr
 
 from mars.app import batch_viz, viz
-from mars.app.errors import failure_error, visitor_error
 from mars.app.batch import MAX_BATCH, measure_comparison, parse_batch_prompts, run_batch
+from mars.app.errors import failure_error, visitor_error
 from mars.app.model_thread import in_own_thread
 from mars.app.session import TabSession
 from mars.decoding.decoder import DecodeControl
