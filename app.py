@@ -112,10 +112,9 @@ class MarsApp:
     def _charts(self, session: Session) -> dict:
         m = session.mars
         recs = m.steps if m else []
-        block = m.config.block_size if m else DEFAULT_BLOCK_SIZE
         ar = session.ar.steps if session.ar else None
         return {
-            self.ui.chart_tokens: viz.make_tokens_per_pass_figure(m, block),
+            self.ui.chart_tokens: viz.make_tokens_per_pass_figure(m, m.config.block_size if m else None),
             self.ui.chart_conf: viz.make_confidence_figure(recs),
             self.ui.chart_race: viz.make_race_figure(recs, ar),
         }

@@ -22,6 +22,7 @@ from typing import Callable
 import gradio as gr
 
 from mars.app import accept_viz
+from mars.app.viz import plural
 from mars.app.accept_inspect import LabCases, case_pass, find_case, keep_cases, render_case_html
 from mars.app.errors import failure_error, visitor_error
 from mars.app.session import TabSession
@@ -192,8 +193,8 @@ def make_accept_runner(get_lm: Callable[[], object], pass_slot=None):
         # saw exactly that, inspect buttons and downloads included). Analyse means "these prompts now", as a new
         # run in every other tab; the inspector refuses the old table's keys from here on (`cases` is None).
         session.cases = None
-        yield (accept_viz.render_summary_html(None, f"analysing {len(prompts)} prompt{'s' if len(prompts) > 1 else ''}"
-                                              " (the previous run's results are cleared)"),
+        yield (accept_viz.render_summary_html(None, f"analysing {plural(len(prompts), 'prompt')} (the previous "
+                                              "run's results are cleared)"),
                *_empty_results())
         try:
             for p in run_lab(lm, prompts, ids, cfg, run=run_on, control=control, runner_factory=runner_factory,

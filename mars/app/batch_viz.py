@@ -127,7 +127,7 @@ def make_batch_timeline_figure(state, axis: str = "time") -> go.Figure:
             n = len(rec.token_ids)
             acc["y"].append(label), acc["base"].append(b), acc["x"].append(w)
             acc["color"].append(viz.shade(k, n)[0]), acc["text"].append(str(n))
-            acc["hover"].append(f"row {label} · pass {rec.pass_index} · {n} token{'s' if n != 1 else ''} · "
+            acc["hover"].append(f"row {label} · pass {rec.pass_index} · {viz.plural(n, 'token')} · "
                                 f"{rec.seconds * 1000:.0f} ms")
         for p in r.idle_passes:
             b, w = span(p)

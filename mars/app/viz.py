@@ -598,7 +598,7 @@ def make_sweep_figure(rows: Sequence[dict], block_size: int | None = None) -> go
     for axis in ("xaxis", "xaxis2"):
         layout[axis]["title"] = dict(text="tokens per pass")
     layout["yaxis"]["range"] = [-0.05, 1.1]
-    if not rows:  # no sweep yet: tokens per pass from 1 (AR) up, NLL from 0, not -1..1 around nothing
+    if not rows:  # no sweep yet: 0..4 tokens per pass and 0..3 NLL, not -1..1 around nothing
         layout["xaxis"]["range"] = layout["xaxis2"]["range"] = [0, 4]
         layout["yaxis2"]["range"] = [0, 3]
         layout = _no_run(layout, "no sweep yet: press Sweep τ", x=0.22)
