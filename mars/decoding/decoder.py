@@ -44,19 +44,14 @@ forward (`backend="hf"`, the reference) or a lean forward with a preallocated ca
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator
 
-import torch
-
-from mars.decoding.acceptance import CONFIDENCE_MEASURES, is_finite_number, top_probs
+from mars.decoding.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.runtime.backends import BACKENDS
-from mars.decoding.cache import BlockCache
-from mars.decoding.masks import tree_depths, window_mask
-from mars.decoding.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, Outcome, RowPlan, make_mode
+from mars.decoding.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, RowPlan  # noqa: F401 - RowPlan: modes written outside mars
 from mars.decoding.records import PassRecord, RunRecord
-from mars.decoding.rows import RowText, take
+from mars.decoding.scheduler import Scheduler, make_runner  # noqa: F401 - make_runner: the decoder's default backend
 
 # The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
 # says so with its own named cap and these same checkers, not a second set of rules.
@@ -265,38 +260,17 @@ def encode_prompt(tokenizer, prompt: str, system: str | None = None) -> list[int
     return tokenizer(prompt)["input_ids"]  # base models without a template: the raw prompt
 
 
-class _Row(RowText):
-    """Book-keeping of one row: its tokens and text (RowText), its left padding, frontier and drafts."""
-
-    def __init__(self, index: int, prompt: list[int], pad: int):
-        super().__init__(index, prompt)
-        self.pad = pad  # left padding to the longest prompt: the frontier is a logical column, as alone
-        self.n_cached = 0  # leading tokens whose KV the cache holds (never fed again)
-        self.drafts: list[int] = []  # verified / jacobi: tokens proposed for the columns after the frontier
-        self.draft_conf: list[float] = []
-
-    @property
-    def frontier(self) -> int:
-        return self.pad + len(self.tokens)
-
-
-def make_runner(model, cfg: DecodeConfig, batch: int, capacity: int):
-    """The backend `cfg.backend` names (mars.runtime.backends), for one run of `batch` rows sized for `capacity`
-    columns: the decoder's default where the caller hands it no `backend`."""
-    from mars.runtime.backends import make_backend
-
-    return make_backend(model, cfg.backend, batch, capacity, cfg.use_cache)
-
-
 def decode_steps(
     lm, prompts: list[list[int]], cfg: DecodeConfig, control: DecodeControl | None = None, *,
     backend=None, mode=None,
 ) -> Iterator[list[PassRecord]]:
     """Decode a batch of tokenized prompts; yield the records of every forward pass as it happens.
 
+    The fixed batch is one caller of the scheduler (mars.decoding.scheduler): every row joins at once with the
+    same settings and control, and rows idle at cache-block ends (cfg.cache_block).
     backend: what runs the model, `backend(model, cfg, batch, capacity) -> runner` (the verbs of
-    mars.runtime.backends: forward, length, truncate, select; and optionally `scoring`); default `make_runner`,
-    the backend cfg.backend names. mode: the mode object (mars.decoding.modes); default make_mode(cfg, lm)."""
+    mars.runtime.backends); default `make_runner`, the backend cfg.backend names. mode: the mode object
+    (mars.decoding.modes) every row shares; default one make_mode(cfg, lm) per row."""
     needs_masks = cfg.mode == "mars" or (cfg.mode == "verified" and cfg.drafts != "lookup")
     if needs_masks and lm.mask_token_id is None:
         raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
@@ -311,198 +285,19 @@ def decode_steps(
 
         yield from decode_steps_device(lm, prompts, cfg, control or DecodeControl(), backend)
         return
-    tok = lm.tokenizer
-    eos = set(lm.eos_token_ids)
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    gen = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else None
     control = control or DecodeControl()
-
-    live = [_Row(i, p, P - len(p)) for i, p in enumerate(prompts)]  # rows still decoding, in the cache's order
     # sized for the prompt, the answer and a pass's extras (< B drafts + B mask groups); it grows if need be
-    runner = (backend or make_runner)(lm.model, cfg, len(live), P + cfg.max_new_tokens + cfg.block_size ** 2)
-    scoring = getattr(runner, "scoring", None)
-    mode = mode or make_mode(cfg, lm, scoring)
-    cache = BlockCache(runner, P, len(live), cfg.cache_block, cfg.use_cache)
-    pass_index = 0
-    while live:
+    sched = Scheduler(lm, cfg.backend, cfg.use_cache, backend=backend,
+                      capacity=P + cfg.max_new_tokens + cfg.block_size ** 2, cache_block=cfg.cache_block,
+                      prompt_len=P, prefill_chunk=None)
+    rows = [sched.add(p, cfg, control, mode=mode, pad=P - len(p)) for p in prompts]
+    while not sched.idle:
         if control.cancelled:
-            for r in live:
-                r.finish_reason = "cancelled"
+            for r in rows:
+                if r.finish_reason is None:
+                    r.finish_reason = "cancelled"
             return
-        tau = cfg.tau if control.tau is None else control.tau
-        t0 = time.perf_counter()
-        # rows at the cache-block end idle: they feed their uncommitted tokens but the last, and accept nothing
-        block_end = cache.next_block([r.frontier for r in live])
-        plans = [mode.plan(r, cfg, tau) if r.frontier < block_end else None for r in live]
-
-        # 1. propose: one window per row, right-aligned in the pass's input, one forward
-        windows = [_window(r, p, lm.mask_token_id) for r, p in zip(live, plans)]
-        ids, pos, local, starts = _stack_windows(windows, pad_id)
-        keep = sorted({o + k for w, o in zip(windows, starts) for k in w.reads})
-        padding = torch.arange(ids.shape[1])[None, :] < torch.tensor(starts)[:, None]  # (b, W): nobody reads these
-        logits = cache.forward(ids, pos, local, keep, padding)  # (b, len(keep), V) float32
-        at = {k: j for j, k in enumerate(keep)}
-
-        # 2. score and 3. accept, row by row
-        computed = [w.n_real for w in windows]  # per row: leading window inputs computed from real tokens
-        records = []
-        for i, (r, plan, w, o) in enumerate(zip(live, plans, windows, starts)):
-            if plan is None:
-                continue
-            row_logits = logits[i]  # (len(keep), V)
-            main = _rows(row_logits, [at[o + k] for k in w.main_reads])
-            groups = _Groups(row_logits, w.group_reads, at, o)
-            res = mode.accept(r, plan, main, groups, cfg, tau, gen)
-            computed[i] += res.n_verified
-            records.append(_accept(tok, r, plan, res, cfg, eos, pass_index, tau, cache.length, ids.shape[1], scoring))
-
-        # 4. commit: each row keeps the KV it computed from real inputs, all but its last token (fed next pass
-        # as the query); finished rows leave the batch
-        counts = [min(c, len(r.tokens) - 1 - r.n_cached) for r, c in zip(live, computed)]
-        for r, kept in zip(live, cache.commit(starts, counts)):
-            r.n_cached += kept
-        keep_rows = [i for i, r in enumerate(live) if r.finish_reason is None]
-        if len(keep_rows) < len(live):
-            cache.select(keep_rows)
-            live = [live[i] for i in keep_rows]
-        elapsed = time.perf_counter() - t0
-        for rec in records:
-            rec.seconds = elapsed
-        pass_index += 1
-        yield records
-
-
-def _accept(tok, row: _Row, plan: RowPlan, res: Outcome, cfg: DecodeConfig, eos: set[int], pass_index: int,
-            tau: float, cache_len: int, width: int, scoring=None) -> PassRecord:
-    """Stage 3 for one row: cut the mode's accepted run at EOS, the length limit and stop strings; take
-    the tokens into the row; return the pass's record."""
-    props = res.tokens
-    n, reason = _apply_limits(props, len(props), len(row.generated), cfg.max_new_tokens, eos)
-    n, reason, piece = take(tok, row, props, n, cfg.stop_strings, reason)
-    accepted = props[:n]
-    cands = None
-    if cfg.top_k and res.proposal_logits is not None:
-        probs = top_probs(res.proposal_logits, min(cfg.top_k, res.proposal_logits.shape[-1]), scoring)
-        cands = [list(zip(ix.tolist(), [round(v, 6) for v in pv.tolist()])) for pv, ix in zip(*probs)]
-    return PassRecord(
-        row=row.index,
-        pass_index=pass_index,
-        token_ids=accepted,
-        text=piece,
-        confidences=res.confidences[:n],
-        rejected_token_ids=props[n:] + res.rejected,
-        rejected_confidences=res.confidences[n:] + res.rejected_confidences,
-        tau=tau,
-        seconds=0.0,  # the pass's wall time, set once every row is done
-        cache_len=cache_len,
-        input_len=width,
-        finish_reason=reason,
-        candidates=cands,
-        drafts_sent=len(plan.to_verify),
-        draft_source=plan.source,
-        tree_depths=res.tree_depths,
-        tree_path=res.tree_path,
-        repeat_guard=res.repeat_guard and n == len(props),  # not when EOS, the length or a stop string cut first
-    )
-
-
-@dataclass
-class _RowWindow:
-    tokens: list[int]
-    positions: list[int]
-    allowed: torch.Tensor  # (n, n) bool: which window inputs each window input may attend to (masks.window_mask)
-    main_reads: list[int]  # window indices of the last real token and of each extra
-    group_reads: list[list[int]]  # window indices of each mask group
-    n_real: int  # leading inputs that are the row's uncommitted tokens
-
-    @property
-    def reads(self) -> list[int]:
-        return self.main_reads + [k for g in self.group_reads for k in g]
-
-
-def _window(row: _Row, plan: RowPlan | None, mask_id: int | None) -> _RowWindow:
-    """One row's part of the forward input: [its uncommitted tokens | the plan's extras | mask groups].
-
-    The extras are a chain or a tree (plan.parents), each at the position of its depth after the last real
-    token; mask group (j, n) holds n masks at the positions right after extra j-1. Who sees whom is
-    `masks.window_mask`. An idle row (plan None) feeds its uncommitted tokens but the last, which its next
-    plan feeds as the query: nothing at all once they are in the cache.
-    """
-    real = row.tokens[row.n_cached:] if plan else row.tokens[row.n_cached:-1]
-    extra = plan.to_verify if plan else []
-    groups = plan.groups if plan else []
-    parents = plan.parents if plan else None
-    n_real = len(real)
-    if plan and n_real < 1:
-        raise RuntimeError(f"row {row.index}: no uncached token to feed ({row.n_cached} of {len(row.tokens)} cached)")
-    n = len(row.tokens)  # the position of the token after the last real one
-    tokens = real + list(extra)
-    positions = list(range(row.n_cached, row.n_cached + n_real))
-    depth = tree_depths(parents, len(extra))
-    positions += [n + d - 1 for d in depth]
-    group_reads = []
-    for j, m in groups:
-        group_reads.append(list(range(len(tokens), len(tokens) + m)))
-        tokens += [mask_id] * m
-        after = depth[j - 1] if j else 0  # the depth of the extra the group follows
-        positions += [n + after + o for o in range(m)]
-    main_reads = list(range(n_real - 1, n_real + len(extra))) if plan else []
-    return _RowWindow(tokens, positions, window_mask(0, n_real, len(extra), groups, parents), main_reads,
-                      group_reads, n_real)
-
-
-def _stack_windows(windows: list[_RowWindow], pad_id: int):
-    """The rows' windows right-aligned in a common width W: ids, positions (b, W), masks (b, W, W), and each
-    row's first column. Right-aligned, the rows' last real tokens and masks share columns (a MARS pass reads
-    the last B of every row), so the logits kept are few; the left padding is what the fast backend skips
-    (BlockCache.forward's `padding`)."""
-    W = max(len(w.tokens) for w in windows)
-    b = len(windows)
-    starts = [W - len(w.tokens) for w in windows]
-    # ids and positions padded as lists and made tensors at once: two tensors a pass, not two a row
-    ids = torch.tensor([[pad_id] * o + w.tokens for w, o in zip(windows, starts)], dtype=torch.long)
-    pos = torch.tensor([[0] * o + w.positions for w, o in zip(windows, starts)], dtype=torch.long)
-    local = torch.zeros((b, W, W), dtype=torch.bool)
-    for i, (w, o) in enumerate(zip(windows, starts)):
-        local[i, o:, o:] = w.allowed
-    return ids, pos, local, starts
-
-
-class _Groups(Sequence):
-    """A row's mask groups' logits, each cut out of the pass's logits only when the mode reads it: a tree
-    pass carries a group per node and reads one of them."""
-
-    def __init__(self, logits: torch.Tensor, reads: list[list[int]], at: dict[int, int], start: int = 0):
-        # logits: (len(keep), V); at: pass column -> logits row; start: the row's window's first column
-        self.logits, self.reads, self.at, self.start = logits, reads, at, start
-
-    def __len__(self) -> int:
-        return len(self.reads)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return _rows(self.logits, [self.at[self.start + k] for k in self.reads[i]])
-
-
-def _rows(logits: torch.Tensor, idx: list[int]) -> torch.Tensor:
-    """logits[idx]; a run of consecutive rows as a slice: indexing a GPU's tensor with a list copies the
-    list there first, and waits for the device to do so."""
-    if idx and idx == list(range(idx[0], idx[0] + len(idx))):
-        return logits[idx[0]:idx[0] + len(idx)]
-    return logits[idx]
-
-
-def _apply_limits(props: list[int], n: int, n_generated: int, max_new: int, eos: set[int]):
-    """Cut the accepted run at the first EOS (kept) and at max_new_tokens."""
-    for j in range(n):
-        if props[j] in eos:
-            n = j + 1
-            break
-    n = min(n, max_new - n_generated)
-    if props[n - 1] in eos:
-        return n, "eos"
-    return n, ("length" if n_generated + n >= max_new else None)
+        yield sched.step()
 
 
 def stream(lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl | None = None, *,

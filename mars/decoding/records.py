@@ -52,6 +52,7 @@ class PassRecord:
     tree_depths: list[list[int]] | None = None
     tree_path: list[int] | None = None
     repeat_guard: bool = False  # mars: the chain stopped at a draft repeating the text before it (repeat_tau)
+    batch_rows: int = 1  # rows that shared the pass's forward (the fixed batch's, or the server's visitors')
 
     def to_dict(self) -> dict:
         """For a run's JSON: the row is the run's own, empty candidates (top_k = 0) and texts never filled

@@ -5,6 +5,9 @@
     length        columns held in the KV cache
     truncate(n)   keep columns [0, n): drops mask and rejected-draft KV after a pass
     select(rows)  keep these batch rows (finished rows leave the batch)
+    add_rows(n)   n new empty rows at the end of the batch (rows join it: mars.decoding.scheduler)
+    compact(order) order (b, n) long: row r keeps its cached columns order[r], in that order, as its first n
+                  (each row's keys packed to the left: mars.decoding.cache.BlockCache.compact)
     gather(cols)  optional (hf, fast): keep these cached columns, in this order, as the first ones (the
                   acceptance lab lays each answer's KV side by side; fast: the same bits, see KVCache.gather)
 
@@ -70,6 +73,22 @@ class HFBackend:
         if self.cache is not None:
             self.cache.batch_select_indices(torch.tensor(rows, device=self.device))
 
+    def _layers(self):
+        return [layer for layer in getattr(self.cache, "layers", []) if getattr(layer, "keys", None) is not None
+                and layer.keys.numel()]
+
+    def add_rows(self, n: int):
+        for layer in self._layers():
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                setattr(layer, name, torch.cat([t, t.new_zeros((n,) + t.shape[1:])]))
+
+    def compact(self, order: torch.Tensor):
+        for layer in self._layers():
+            idx = order.to(self.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, idx)
+            layer.values = layer.values.gather(2, idx)
+
     def gather(self, cols: list[int]):
         """Keep cached columns `cols`, in this order (FastBackend.gather)."""
         if self.cache is None:
@@ -106,6 +125,12 @@ class FastBackend:
 
     def select(self, rows: list[int]):
         self.cache.select(rows)
+
+    def add_rows(self, n: int):
+        self.cache.add_rows(n)
+
+    def compact(self, order: torch.Tensor):
+        self.cache.compact(order)
 
     def gather(self, cols: list[int]):
         """Keep cached columns `cols`, in this order, as the first ones (mars.runtime.fastpath.KVCache.gather)."""

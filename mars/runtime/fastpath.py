@@ -139,6 +139,23 @@ class KVCache:
         self.k = self.k.index_select(1, rows)
         self.v = self.v.index_select(1, rows)
 
+    def add_rows(self, n: int):
+        """n rows at the end of the batch, their columns unset (no row reads them before writing them)."""
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            setattr(self, name, torch.cat([old, old.new_empty((old.shape[0], n) + old.shape[2:])], dim=1))
+
+    def compact(self, order: torch.Tensor):
+        """Row r keeps its valid columns order[r] (b, n), in that order, as columns [0, n)."""
+        b, n = order.shape
+        idx = order.to(self.k.device)[None, :, None, :, None].expand(self.k.shape[0], b, self.k.shape[2], n,
+                                                                      self.k.shape[4])
+        with torch.inference_mode():  # the cache's tensors are the forward's (inference tensors)
+            for name in ("k", "v"):
+                buf = getattr(self, name)
+                buf[:, :, :, :n] = buf[:, :, :, : self.length].gather(3, idx)
+        self.length = n
+
     def gather(self, cols: list[int]):
         """Keep the valid columns `cols`, in this order, as columns [0, len(cols)) (the rest go). A row's
         attention reads its allowed keys in column order, so a gather that keeps each row's keys in order

@@ -287,6 +287,36 @@ class StaticBackend:
                 buf[:, : len(rows)] = buf.index_select(1, idx)  # in place: graphs hold these addresses
         self.rows = len(rows)
 
+    def add_rows(self, n: int):
+        """n rows after the live ones: free slots if the padded batch has them, else a bigger batch bucket (new
+        buffers and graphs), keeping the live rows' KV."""
+        old = self.state
+        if self.rows + n > old.batch:
+            new = self.slm.acquire(bucket(self.rows + n, BATCHES) or self.rows + n, old.capacity)
+            with torch.inference_mode():
+                new.k[:, : self.rows, :, : old.length] = old.k[:, : self.rows, :, : old.length]
+                new.v[:, : self.rows, :, : old.length] = old.v[:, : self.rows, :, : old.length]
+            new.length = old.length
+            self._swap(new)
+        self.rows += n
+
+    def compact(self, order: torch.Tensor):
+        """Row r keeps its columns order[r] (b, n), in that order, as its first n (in place: graphs hold the
+        buffers' addresses)."""
+        st = self.state
+        b, n = order.shape
+        idx = order.to(st.k.device)[None, :, None, :, None].expand(st.k.shape[0], b, st.k.shape[2], n, st.k.shape[4])
+        with torch.inference_mode():
+            for buf in (st.k, st.v):
+                buf[:, :b, :, :n] = buf[:, :b, :, : st.length].gather(3, idx)
+        st.length = n
+
+    def _swap(self, new: StaticState):
+        self._finalizer.detach()
+        self.slm.release(self.state)
+        self.state = new
+        self._finalizer = weakref.finalize(self, self.slm.release, new)
+
     def _grow(self, need: int):
         """A run longer than planned: move to bigger buffers (new graphs), keeping the valid columns."""
         old = self.state
@@ -295,7 +325,4 @@ class StaticBackend:
             new.k[:, :, :, : old.length] = old.k[:, :, :, : old.length]
             new.v[:, :, :, : old.length] = old.v[:, :, :, : old.length]
         new.length = old.length
-        self._finalizer.detach()
-        self.slm.release(old)
-        self.state = new
-        self._finalizer = weakref.finalize(self, self.slm.release, new)
+        self._swap(new)
