@@ -520,7 +520,9 @@ class MarsApp:
 
     # -------------------------------------------------------------------------------------- components
     def build(self) -> gr.Blocks:
-        limit = settings.get().concurrency
+        # generations at once: with continuous batching the pass's row cap (each event brings one or two rows;
+        # rows past the cap wait at the batcher, in order), else MARS_CONCURRENCY runs taking turns pass by pass
+        limit = settings.get().batch_rows if settings.get().batching else settings.get().concurrency
         # delete_cache: Gradio's copies of the download files older than a day go, checked every hour
         with gr.Blocks(title="MARS Playground", analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
             # Gradio deep-copies the value: one fresh Session per visitor; an hour after the visitor has gone,

@@ -141,7 +141,13 @@ class Settings:
         "matrices on a CPU, transformers elsewhere; auto keeps float32", _choice(RUNNERS))
     threads: int | None = setting(
         "MARS_THREADS", None, "torch threads for each forward pass", _whole, shown="every core")
-    concurrency: int = setting("MARS_CONCURRENCY", 2, "generations that run at once", _whole)
+    concurrency: int = setting("MARS_CONCURRENCY", 2, "generations that run at once with MARS_BATCHING=0", _whole)
+    batching: bool = setting(
+        "MARS_BATCHING", True, "continuous batching: every visitor's waiting row in one forward pass (0: one "
+        "pass of one row at a time)", _switch)
+    batch_rows: int = setting(
+        "MARS_BATCH_ROWS", 32, "rows one forward pass serves at most with batching (a page's Generate brings "
+        "two, its run and its race's AR); more wait in the queue", _whole)
     queue_size: int = setting(
         "MARS_QUEUE_SIZE", 64, "requests that wait beyond the running ones; more are told \"busy, please "
         "try again\" (HTTP 503)", _whole)

@@ -183,3 +183,15 @@ def test_a_row_of_another_backend_is_refused_with_a_message(tiny_lm):
         s.add([1, 2], DecodeConfig(mode="ar", backend="hf"), DecodeControl())
     with pytest.raises(ValueError, match="at least one token"):
         s.add([], DecodeConfig(mode="ar", backend="fast"), DecodeControl())
+
+
+def test_waves_of_int8_rows_joining_a_running_batch_equal_their_solo_runs():
+    """The app's case: visitors' rows (MARS at six taus) arrive in two waves, the second while the first decodes;
+    a joining row's cache row holds no key yet, and its columns must never leak into its attention."""
+    lm = tiny.make_loaded()
+    room = [(dict(mode="mars", tau=t, block_size=4), 0) for t in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)]
+    room += [(kw, 3 + 2 * k) for k, (kw, _) in enumerate(room)]
+    out, _, _ = run_room(lm, room, "fast-int8", max_new=24)
+    for i, (kw, _) in enumerate(room):
+        cfg = DecodeConfig(**kw, max_new_tokens=24, backend="fast-int8")
+        assert out[i] == solo(lm, encode_prompt(lm.tokenizer, PROMPTS[i % len(PROMPTS)]), cfg), i

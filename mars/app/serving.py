@@ -26,6 +26,7 @@ import torch
 from mars import settings
 from mars.app.inputs import app_backend, app_datastore, app_pass_costs, app_run_backend, sanitize_text
 from mars.app import model_thread
+from mars.app.batching import BatchServer
 from mars.app.cost_keeper import CostKeeper
 from mars.decoding.decoder import DecodeConfig, DecodeControl, stream
 from mars.decoding.records import PassRecord
@@ -115,6 +116,9 @@ class ModelHolder:
         # what start-up spent, as data: {"load_s", "warm_up_s", "rehearsal_s"}, and the rehearsal's error if any
         self.start_up: dict = {}
         self.costs = CostKeeper(self.pass_slot)
+        # continuous batching (mars.app.batching): every visitor's rows in shared passes; None: one pass of one
+        # row at a time (MARS_BATCHING=0)
+        self.batcher = BatchServer(self.pass_slot, settings.get().batch_rows) if settings.get().batching else None
 
     def start(self) -> None:
         """Load, warm up and rehearse in a background thread now, so the first visitor does not wait for it; once
@@ -240,11 +244,22 @@ class ModelHolder:
         return lm
 
     def passes(self, lm, prompt_ids: list[int], cfg: DecodeConfig, control: DecodeControl) -> Iterator[PassRecord]:
-        """`decoding.stream`, one forward pass at a time on the model thread (`pass_slot`), on `self.threads`
-        threads."""
-        for rec, _ in one_at_a_time(stream(lm, prompt_ids, cfg, control, backend=self.backend), self.pass_slot):
-            self.costs.observe(cfg.backend, rec)  # what passes really cost: the table is measured again on drift
-            yield rec
+        """One row's pass records as its passes run on the model thread (`pass_slot`, `self.threads` threads):
+        in the passes every visitor's rows share (`batcher`, queued now), or one pass of this row at a time
+        (MARS_BATCHING=0, and backend static-device, which runs whole steps)."""
+        if self.batcher is not None and cfg.backend != "static-device":
+            return self._observed(cfg, self.batcher.submit(lm, prompt_ids, cfg, control, self.backend))
+        return self._observed(cfg, (rec for rec, _ in one_at_a_time(
+            stream(lm, prompt_ids, cfg, control, backend=self.backend), self.pass_slot)))
+
+    def _observed(self, cfg: DecodeConfig, records) -> Iterator[PassRecord]:
+        try:
+            for rec in records:
+                if rec.batch_rows == 1:  # what a pass of this row alone costs: the table is measured again on drift
+                    self.costs.observe(cfg.backend, rec)
+                yield rec
+        finally:
+            records.close()
 
 
 def one_at_a_time(steps: Iterator, slot) -> Iterator[tuple[object, float]]:

@@ -31,12 +31,20 @@ def settings_of(cfg: DecodeConfig) -> dict:
 
 def run_stream(holder, lm, prompt: str, prompt_ids, cfg, control) -> Iterator[RunRecord]:
     """Yield the growing run record after every pass (each pass's token texts filled in for the view);
-    the last yield is the finished record."""
-    run = RunRecord(cfg, list(prompt_ids), prompt=prompt)
-    for rec in holder.passes(lm, prompt_ids, cfg, control):
-        rec.token_texts = [lm.tokenizer.decode([t]) for t in rec.token_ids]
-        rec.rejected_texts = _pieces(lm.tokenizer, rec.rejected_token_ids)
-        yield run.add(rec)
+    the last yield is the finished record. The row is queued for the model now, not at the first read: a race's
+    two rows then join the same pass (mars.app.batching)."""
+    return _grow(lm, RunRecord(cfg, list(prompt_ids), prompt=prompt), holder.passes(lm, prompt_ids, cfg, control),
+                 control)
+
+
+def _grow(lm, run: RunRecord, passes, control) -> Iterator[RunRecord]:
+    try:
+        for rec in passes:
+            rec.token_texts = [lm.tokenizer.decode([t]) for t in rec.token_ids]
+            rec.rejected_texts = _pieces(lm.tokenizer, rec.rejected_token_ids)
+            yield run.add(rec)
+    finally:
+        passes.close()  # a reader that leaves early takes its row out of the model's passes
     yield run.finish(cancelled=control.cancelled)
 
 

@@ -51,7 +51,8 @@ from mars.decoding.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.runtime.backends import BACKENDS
 from mars.decoding.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, RowPlan  # noqa: F401 - RowPlan: modes written outside mars
 from mars.decoding.records import PassRecord, RunRecord
-from mars.decoding.scheduler import Scheduler, make_runner  # noqa: F401 - make_runner: the decoder's default backend
+from mars.decoding.scheduler import (Scheduler, check_context, context_needed,  # noqa: F401 - re-exported
+                                     make_runner)
 
 # The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
 # says so with its own named cap and these same checkers, not a second set of rules.
@@ -207,21 +208,6 @@ def _short(value) -> str:
     """A value in a message: its repr, cut short (a client can send a megabyte)."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def context_needed(prompt_tokens: int, cfg: DecodeConfig) -> int:
-    """Positions a run may use: the prompt, the answer, and a last pass's masks reaching past the answer."""
-    return prompt_tokens + cfg.max_new_tokens + 2 * cfg.block_size
-
-
-def check_context(model, prompt_tokens: int, cfg: DecodeConfig) -> None:
-    """Refuse a run that would not fit the model's context, before any forward pass."""
-    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    if limit and context_needed(prompt_tokens, cfg) > limit:
-        raise ValueError(
-            f"the prompt ({prompt_tokens} tokens) plus max new tokens ({cfg.max_new_tokens}) does not fit this "
-            f"model's context of {limit} tokens: shorten the prompt or lower max new tokens"
-        )
 
 
 class DecodeControl:

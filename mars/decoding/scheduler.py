@@ -51,6 +51,35 @@ def make_runner(model, cfg, batch: int, capacity: int):
     return make_backend(model, cfg.backend, batch, capacity, cfg.use_cache)
 
 
+def context_needed(prompt_tokens: int, cfg) -> int:
+    """Positions a run may use: the prompt, the answer, and a last pass's masks reaching past the answer."""
+    return prompt_tokens + cfg.max_new_tokens + 2 * cfg.block_size
+
+
+def check_context(model, prompt_tokens: int, cfg) -> None:
+    """Refuse a run that would not fit the model's context, before any forward pass."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if limit and context_needed(prompt_tokens, cfg) > limit:
+        raise ValueError(
+            f"the prompt ({prompt_tokens} tokens) plus max new tokens ({cfg.max_new_tokens}) does not fit this "
+            f"model's context of {limit} tokens: shorten the prompt or lower max new tokens"
+        )
+
+
+def check_row(lm, prompt: list[int], cfg) -> None:
+    """What a row needs before it may join: a mask token for the modes that draft from masks, a prompt, room
+    in the model's context, and a backend that runs pass by pass (static-device runs whole steps on the device:
+    mars.decoding.device_loop, one run at a time)."""
+    needs_masks = cfg.mode == "mars" or (cfg.mode == "verified" and cfg.drafts != "lookup")
+    if needs_masks and lm.mask_token_id is None:
+        raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
+    if len(prompt) == 0:
+        raise ValueError("every prompt needs at least one token")
+    check_context(lm.model, len(prompt), cfg)
+    if cfg.backend == "static-device":
+        raise ValueError("backend 'static-device' decodes one run at a time on the device: it does not share passes")
+
+
 class Row(RowText):
     """One request: its settings, mode, control and generator, its tokens and text (RowText), and where it stands
     in the shared cache."""
@@ -69,6 +98,11 @@ class Row(RowText):
         self.passes = 0  # passes this row has been in since it joined: its records' pass_index
         self.passes_planned = 0  # passes in which its mode planned (the first one ends its prefill)
         self.tag = tag  # the caller's own handle (the app's visitor run)
+        self.departed = False  # set by the caller when nobody reads the row any more: it leaves before the next pass
+
+    @property
+    def gone(self) -> bool:
+        return self.departed or self.control.cancelled
 
     @property
     def frontier(self) -> int:
@@ -175,10 +209,10 @@ class Scheduler:
             self.runner = self.cache = None
 
     def cancel_departed(self) -> list[Row]:
-        """Rows whose control was cancelled leave now, with finish reason "cancelled"; returned."""
-        gone = [r for r in self.pending if r.control.cancelled]
-        self.pending = [r for r in self.pending if not r.control.cancelled]
-        out = [i for i, r in enumerate(self.rows) if r.control.cancelled]
+        """Rows cancelled (their control) or departed (their reader) leave now, finish reason "cancelled"; returned."""
+        gone = [r for r in self.pending if r.gone]
+        self.pending = [r for r in self.pending if not r.gone]
+        out = [i for i, r in enumerate(self.rows) if r.gone]
         gone += [self.rows[i] for i in out]
         if out:
             self._leave(out)

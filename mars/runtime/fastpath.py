@@ -125,7 +125,7 @@ class KVCache:
         cap = max(n, 2 * self.capacity)
         for name in ("k", "v"):
             old = getattr(self, name)
-            new = old.new_empty(old.shape[:3] + (cap,) + old.shape[4:])
+            new = old.new_zeros(old.shape[:3] + (cap,) + old.shape[4:])  # zeros: see add_rows
             new[:, :, :, : self.length] = old[:, :, :, : self.length]
             setattr(self, name, new)
 
@@ -140,10 +140,10 @@ class KVCache:
         self.v = self.v.index_select(1, rows)
 
     def add_rows(self, n: int):
-        """n rows at the end of the batch, their columns unset (no row reads them before writing them)."""
+        """n rows at the end of the batch, zeros: a hole is never attended, but its weight 0 times stale NaN would still be NaN."""
         for name in ("k", "v"):
             old = getattr(self, name)
-            setattr(self, name, torch.cat([old, old.new_empty((old.shape[0], n) + old.shape[2:])], dim=1))
+            setattr(self, name, torch.cat([old, old.new_zeros((old.shape[0], n) + old.shape[2:])], dim=1))
 
     def compact(self, order: torch.Tensor):
         """Row r keeps its valid columns order[r] (b, n), in that order, as columns [0, n)."""
