@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 import app as app_module
+from mars.decoding.scheduler import Scheduler
 from conftest import serve
 from mars.app import serving
 from mars.app.serving import default_provider
@@ -70,19 +71,21 @@ def endless(lm):
 
 
 def counting(monkeypatch, delay: float = 0.0) -> list[int]:
-    """Count the forward passes the app's runs compute (one per record at batch 1), ~`delay` s each.
+    """Count the rows' passes the app's runs compute (one per record), ~`delay` s each pass.
 
-    Wraps the decoder's stream where the app calls it, so it counts whatever backend runs the model.
+    Wraps the scheduler's step (mars.decoding.scheduler), which every path runs through: the shared passes of
+    continuous batching and a run of its own (MARS_BATCHING=0), whatever backend runs the model.
     """
-    calls, real = [0], serving.stream
+    calls, real = [0], Scheduler.step
 
-    def counted(*args, **kwargs):
-        for rec in real(*args, **kwargs):
-            calls[0] += 1
+    def counted(self, *args, **kwargs):
+        records = real(self, *args, **kwargs)
+        calls[0] += len(records)
+        if records:
             time.sleep(delay)
-            yield rec
+        return records
 
-    monkeypatch.setattr(serving, "stream", counted)
+    monkeypatch.setattr(Scheduler, "step", counted)
     return calls
 
 
@@ -503,14 +506,13 @@ def test_passes_run_on_the_holders_thread_count_in_any_worker_thread(monkeypatch
     import torch
     from concurrent.futures import ThreadPoolExecutor
 
-    seen, real = [], serving.stream
+    seen, real = [], Scheduler.step
 
-    def spy(*args, **kwargs):
-        for rec in real(*args, **kwargs):
-            seen.append(torch.get_num_threads())
-            yield rec
+    def spy(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(serving, "stream", spy)
+    monkeypatch.setattr(Scheduler, "step", spy)  # every pass, shared or not
     before = torch.get_num_threads()
     lm = make_loaded()
     holder = serving.ModelHolder(lambda: lm, threads=2)
@@ -730,40 +732,36 @@ def test_the_model_thread_serves_visitors_in_the_order_they_asked():
     assert order == ["A", "B"] * 20  # strictly alternating: neither ever went twice while the other waited
 
 
-def test_every_pass_runs_on_the_one_model_thread_whichever_worker_asks():
+def test_every_pass_runs_on_the_one_model_thread_whichever_worker_asks(monkeypatch):
     """OpenMP keeps a team per thread that opens parallel regions; two such threads on two cores made every
     pass ~3.5x dearer (mars.app.model_thread). So the holder runs each pass on its one model thread: two
     worker threads' runs, the warm-up and a call made from the model thread itself all run there, and an
     error in a pass reaches the worker that asked, leaving the thread serving."""
     from concurrent.futures import ThreadPoolExecutor
 
-    ran_on, real = [], serving.stream
+    ran_on, real = [], Scheduler.step
 
-    def spy(*args, **kwargs):
-        for rec in real(*args, **kwargs):
-            ran_on.append(threading.get_ident())
-            yield rec
+    def spy(self, *args, **kwargs):
+        ran_on.append(threading.get_ident())
+        return real(self, *args, **kwargs)
 
+    monkeypatch.setattr(Scheduler, "step", spy)  # every pass, shared or not
     lm = make_loaded()
     holder = serving.ModelHolder(lambda: lm, threads=1)
     ids = encode_prompt(lm.tokenizer, PROMPT)
     cfg = DecodeConfig(mode="mars", tau=0.5, max_new_tokens=6)
-    serving.stream, saved = spy, serving.stream
-    try:
-        holder.get()  # the warm-up's passes
-        with ThreadPoolExecutor(2) as pool:
-            runs = [pool.submit(lambda: list(holder.passes(lm, ids, cfg, serving.DecodeControl()))) for _ in range(2)]
-            workers = [pool.submit(threading.get_ident) for _ in range(4)]
-            assert all(r.result() for r in runs)
-        model = holder.pass_slot.thread.ident
-        assert model is not None and set(ran_on) == {model}
-        assert model not in {w.result() for w in workers} | {threading.get_ident()}
-        assert holder.pass_slot.run(lambda: holder.pass_slot.run(threading.get_ident)) == model  # no deadlock
-        with pytest.raises(ValueError, match="mask token"):
-            list(holder.passes(make_loaded(mask=False), ids, cfg, serving.DecodeControl()))
-        assert holder.pass_slot.run(threading.get_ident) == model  # still serving, on the same thread
-    finally:
-        serving.stream = saved
+    holder.get()  # the warm-up's passes
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(lambda: list(holder.passes(lm, ids, cfg, serving.DecodeControl()))) for _ in range(2)]
+        workers = [pool.submit(threading.get_ident) for _ in range(4)]
+        assert all(r.result() for r in runs)
+    model = holder.pass_slot.thread.ident
+    assert model is not None and set(ran_on) == {model}
+    assert model not in {w.result() for w in workers} | {threading.get_ident()}
+    assert holder.pass_slot.run(lambda: holder.pass_slot.run(threading.get_ident)) == model  # no deadlock
+    with pytest.raises(ValueError, match="mask token"):
+        list(holder.passes(make_loaded(mask=False), ids, cfg, serving.DecodeControl()))
+    assert holder.pass_slot.run(threading.get_ident) == model  # still serving, on the same thread
 
 
 def test_a_load_in_its_own_thread_sees_the_callers_context_and_raises_its_errors():

@@ -321,7 +321,8 @@ def test_a_full_queue_says_busy_try_again_to_clients_and_in_the_page(browser, en
     lm = make_loaded()
     lm.model.generation_config.eos_token_id = []  # runs last until max new tokens
     env.set("MARS_QUEUE_SIZE", "1")
-    env.set("MARS_CONCURRENCY", "1")
+    env.set("MARS_CONCURRENCY", "1")  # without batching
+    env.set("MARS_BATCH_ROWS", "1")  # with it (the default)
     demo, url = serve(lambda: lm)
     demo.mars_app.holder.backend = slow_backend(0.05)
     try:

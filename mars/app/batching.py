@@ -98,22 +98,32 @@ class BatchServer:
                     self._driver = None
                     return
             try:
-                self.slot.run(self._pass)
+                ran = self.slot.run(self._pass)
             except Exception:  # noqa: BLE001 - _pass hands each row its error; this is a bug in the loop itself
                 LOG.exception("the batching loop failed; its rows were told")
                 self._fail_all(RuntimeError("the server's batching loop failed"))
+                ran = True
+            if not ran:  # every row's reader is behind: give them the interpreter, not a pass for nobody
+                time.sleep(0.001)
 
-    def _pass(self):
-        """On the model thread: the waiting rows join, every scheduler runs one forward, records go out."""
+    def _pass(self) -> bool:
+        """On the model thread: the waiting rows join, every scheduler runs one forward, records go out. A row whose
+        reader has not taken its last record sits this pass out (a visitor who stops reading, or goes, gets at most
+        one pass more: the model never runs ahead of its reader). False when no forward ran."""
         self._admit()
+        ran = False
         for key, sched in list(self._schedulers.items()):
             for row in sched.cancel_departed():
                 row.tag.inbox.put(_DONE)
             if sched.idle:
                 continue
+            hold = {r.index for r in sched.rows if not r.tag.inbox.empty()}
+            if len(hold) == len(sched.rows) and not sched.pending:
+                continue
             tickets = {r.index: r.tag for r in sched.rows + sched.pending}  # before the finished rows leave
+            ran = True
             try:
-                records = sched.step()
+                records = sched.step(hold)
             except Exception as e:  # noqa: BLE001 - every row of this scheduler gets the error; the app serves on
                 LOG.exception("a shared forward pass failed")
                 for row in sched.rows + sched.pending:
@@ -126,6 +136,7 @@ class BatchServer:
                 self.passes += 1
                 self._recent.append(sched.last)
                 self._recent_at.append(time.perf_counter())
+        return ran
 
     def _admit(self):
         with self._lock:

@@ -220,8 +220,10 @@ class Scheduler:
             r.finish_reason = "cancelled"
         return gone
 
-    def step(self) -> list[PassRecord]:
-        """One forward pass for every live row; the records of the rows that proposed in it."""
+    def step(self, hold: set[int] | frozenset = frozenset()) -> list[PassRecord]:
+        """One forward pass for every live row; the records of the rows that proposed in it. Rows whose index is
+        in `hold` idle this pass (their reader has not taken their last record yet: mars.app.batching); idling
+        never changes a row's tokens."""
         self.cancel_departed()
         self._admit()
         if not self.rows:
@@ -249,7 +251,7 @@ class Scheduler:
                     continue
                 budget -= waiting
             limits.append(None)
-            if block_end is not None and r.frontier >= block_end:
+            if (block_end is not None and r.frontier >= block_end) or r.index in hold:
                 plans.append(None)
             else:
                 plans.append(r.mode.plan(r, r.cfg, tau))
