@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from mars import settings
-from mars.app import viz
+from mars.app import room_viz, viz
 from mars.app.components import ClampedSlider
 from mars.app.errors import failure_error, visitor_error
 from mars.app.policy import Policy, PolicyError
@@ -124,6 +124,10 @@ class MarsApp:
         texts, rejected = _texts(run)
         return viz.render_groups_html(run.steps, texts, rejected_texts=rejected)
 
+    def _server_line(self) -> str:
+        batcher = self.holder.batcher
+        return room_viz.render_server_line(batcher.snapshot() if batcher is not None else None)
+
     def _stats(self, session: Session, state: str, note: str = "") -> str:
         return viz.render_stats_html(viz.live_stats(session.mars, session.ar, state, session.tau, note))
 
@@ -164,6 +168,7 @@ class MarsApp:
                 upd = {output: self._groups(getattr(session, w)) for w, _, output in streams if w in moved}
                 moved.clear()
                 upd[self.ui.stats] = self._stats(session, "running", note(session))
+                upd[self.ui.server] = self._server_line()
                 if not racing and not run.finished and now - last_chart > self.chart_every_s:
                     upd.update(self._charts(session))
                     last_chart = now
@@ -303,7 +308,7 @@ class MarsApp:
             if compare:
                 ar = "AR runs beside it, one pass of each in turn"
                 ar += f": {viz.plural(s.ar.tokens, 'token')} in {viz.plural(s.ar.passes, 'pass')}" if s.ar else ""
-            return "; ".join(filter(None, [flags, ar]))
+            return "; ".join(filter(None, [flags, ar, room_viz.shared_note(s.mars, s.ar)]))
 
         streams = [("mars", run_stream(self.holder, lm, prompt, ids, cfg, control), ui.output)]
         if compare:
@@ -332,8 +337,8 @@ class MarsApp:
         if stopped and session.ar is None and compare:
             yield {ui.output_ar: viz.render_groups_html([], placeholder="stopped: no AR run.")}
         html_path, json_path = self._write_files(session, lm)
-        summary = "; ".join(filter(None, [flags, viz.summary_line(m, session.ar)]))
-        final = {ui.stats: self._stats(session, "stopped" if stopped else "done", summary),
+        summary = "; ".join(filter(None, [flags, viz.summary_line(m, session.ar), room_viz.shared_note(m, session.ar)]))
+        final = {ui.stats: self._stats(session, "stopped" if stopped else "done", summary), ui.server: self._server_line(),
                  ui.inspect_pass: gr.update(maximum=max(1, m.passes - 1), value=0),
                  ui.inspect: self.inspect(0, session),
                  ui.download_html: gr.update(value=html_path, interactive=True),
@@ -479,28 +484,37 @@ class MarsApp:
         yield from self._api_run("mars", prompt, tau, block_size, max_new_tokens)
 
     def api_generate_verified(
-        self, prompt: str, block_size: int = DEFAULT_BLOCK_SIZE, max_new_tokens: int = 128, tau: float = 0.0
+        self, prompt: str, block_size: int | None = None, max_new_tokens: int = 128, tau: float = 0.0,
+        tree_nodes: int | None = None,
     ) -> tuple[str, dict]:
         """Generate an answer with verified (lossless) MARS: exactly this model's greedy text (the server's
         backend's model: int8 matrices by default on a CPU, see the trace's settings.backend), in fewer passes.
+        By default it drafts as the page does (its block size and tree, with the datastore and this machine's pass
+        costs where the page has them; the trace's settings say what ran).
 
         Parameters:
             prompt: the user message (it goes through the model's chat template)
-            block_size: drafts proposed per forward pass (B), 1 to 16
+            block_size: drafts proposed per forward pass (B), 1 to 16; empty: the page's (2 on a CPU)
             max_new_tokens: how many tokens to generate at most
             tau: which drafts are sent to be checked (confidence >= tau); 0.0 sends all, the fastest. It never
                 changes the text, which is always this model's greedy text
+            tree_nodes: draft tokens checked per pass as a tree, 0 = one chain; empty: the page's (4 on a CPU)
         Returns:
             the generated text and its per-pass trace, as /generate
         """
-        yield from self._api_run("verified", prompt, tau, block_size, max_new_tokens)
+        yield from self._api_run("verified", prompt, tau, block_size, max_new_tokens, tree_nodes)
 
-    def _api_run(self, mode, prompt, tau, block_size, max_new_tokens):
+    def _api_run(self, mode, prompt, tau, block_size, max_new_tokens, tree_nodes=0):
         lm = self._lm()
         control = DecodeControl()
         try:
             prompt = check_prompt(prompt)
-            cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, "prob", top_k=0))
+            if block_size is None:  # the page's own setting for this mode on this model and device
+                block_size = mode_block(mode, lm)
+            if tree_nodes is None:
+                tree_nodes = app_tree_nodes()
+            cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, "prob", top_k=0,
+                                                      tree_nodes=tree_nodes))
             ids = encode_checked(lm, prompt, cfg)
             run = None
             for run in run_stream(self.holder, lm, prompt, ids, cfg, control):
@@ -594,6 +608,7 @@ class MarsApp:
                         gr.Markdown("**AR baseline** (same model, one token per pass)")
                         ui.output_ar = gr.HTML(viz.render_groups_html([]), elem_id="output-ar")
                 ui.stats = gr.HTML(viz.render_stats_html({}), elem_id="stats")
+                ui.server = gr.HTML(self._server_line(), elem_id="server-line")  # the room's shared passes, live
                 with gr.Row():
                     ui.download_html = gr.DownloadButton("Download coloured HTML", interactive=False,
                                                         elem_id="download-html", size="sm")
@@ -664,7 +679,7 @@ class MarsApp:
         ui.model_timer.tick(self.model_info, [ui.mode], info_outputs, api_visibility="private", queue=False)
         ui.mode.change(self.mode_changed, [ui.mode], [ui.tau, ui.block], **quick)
         gen_outputs = [ui.output, ui.output_ar, ui.stats, ui.chart_tokens, ui.chart_conf, ui.chart_race,
-                       ui.inspect_pass, ui.inspect, ui.download_html, ui.download_json]
+                       ui.inspect_pass, ui.inspect, ui.download_html, ui.download_json, ui.server]
         gen_inputs = [ui.prompt, ui.tau, ui.block, ui.max_new, ui.confidence, ui.compare, ui.mode, session,
                       ui.tree_nodes]
         ui.generate.click(self.generate, gen_inputs, gen_outputs, api_name="ui_generate", **model_events)

@@ -20,7 +20,7 @@ import gradio as gr
 import pytest
 
 import app as app_module
-from mars.app.inputs import app_backend
+from mars.app.inputs import app_backend, app_tree_nodes, mode_block
 from mars.app.serving import free_port
 from mars.app.serving import load_other
 from mars.app.session import Session
@@ -409,7 +409,7 @@ def test_public_api_over_http_and_bad_input_keeps_serving(lm):
         api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
         assert list(api) == ["/generate", "/generate_verified"]  # the UI's own events stay private
         names = [p["parameter_name"] for p in api["/generate_verified"]["parameters"]]
-        assert names == ["prompt", "block_size", "max_new_tokens", "tau"]
+        assert names == ["prompt", "block_size", "max_new_tokens", "tau", "tree_nodes"]
         assert api["/generate_verified"]["parameters"][3]["parameter_default"] == 0.0  # lossless at its fastest
         names = [p["parameter_name"] for p in api["/generate"]["parameters"]]
         assert names == ["prompt", "tau", "block_size", "max_new_tokens"]
@@ -424,6 +424,14 @@ def test_public_api_over_http_and_bad_input_keeps_serving(lm):
         text, trace = client.predict(PROMPT, 4, 20, api_name="/generate_verified")  # verified: exactly AR's text
         assert text == greedy(lm, PROMPT, "ar", tau=1.0, max_new=20).text
         assert trace["mode"] == "verified" and trace["settings"]["tau"] == 0.0
+        assert trace["settings"]["tree_nodes"] == app_tree_nodes()  # the page's tree unless told otherwise
+        # by default the API drafts as the page does: its block size and tree on this device (issue 53, item 8)
+        text, trace = client.predict(PROMPT, None, 20, api_name="/generate_verified")
+        assert text == greedy(lm, PROMPT, "ar", tau=1.0, max_new=20).text
+        assert trace["settings"]["block_size"] == mode_block("verified", lm)
+        assert trace["settings"]["tree_nodes"] == app_tree_nodes() > 0
+        _, trace = client.predict(PROMPT, 3, 20, 0.0, 0, api_name="/generate_verified")  # parameters override it
+        assert trace["settings"]["block_size"] == 3 and trace["settings"]["tree_nodes"] == 0
     finally:
         demo.close()
 

@@ -30,6 +30,10 @@ from mars.decoding.scheduler import PassStats, Scheduler, check_row
 LOG = logging.getLogger("mars.app")
 _DONE = object()  # an inbox's end: the row left without a last record (cancelled, or its visitor went)
 RATE_WINDOW_S = 10.0  # the aggregate tokens/s is over the passes of the last this many seconds
+# records a row may have waiting for its reader and still take the next pass: 1, so that a reader who takes its
+# record a moment after the pass (Python hands the interpreter over every few ms) never makes the model wait,
+# and one who stops reading (or goes) gets at most two passes more
+LOOKAHEAD = 1
 
 
 @dataclass
@@ -108,8 +112,8 @@ class BatchServer:
 
     def _pass(self) -> bool:
         """On the model thread: the waiting rows join, every scheduler runs one forward, records go out. A row whose
-        reader has not taken its last record sits this pass out (a visitor who stops reading, or goes, gets at most
-        one pass more: the model never runs ahead of its reader). False when no forward ran."""
+        reader is more than LOOKAHEAD records behind sits this pass out (the model never runs far ahead of a reader
+        who stopped reading, or went). False when no forward ran."""
         self._admit()
         ran = False
         for key, sched in list(self._schedulers.items()):
@@ -117,7 +121,7 @@ class BatchServer:
                 row.tag.inbox.put(_DONE)
             if sched.idle:
                 continue
-            hold = {r.index for r in sched.rows if not r.tag.inbox.empty()}
+            hold = {r.index for r in sched.rows if r.tag.inbox.qsize() > LOOKAHEAD}
             if len(hold) == len(sched.rows) and not sched.pending:
                 continue
             tickets = {r.index: r.tag for r in sched.rows + sched.pending}  # before the finished rows leave

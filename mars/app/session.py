@@ -26,7 +26,8 @@ def _pieces(tokenizer, ids: list[int]) -> list[str]:
 
 def settings_of(cfg: DecodeConfig) -> dict:
     return {"mode": cfg.mode, "tau": cfg.tau, "block_size": cfg.block_size,
-            "max_new_tokens": cfg.max_new_tokens, "confidence": cfg.confidence, "backend": cfg.backend}
+            "max_new_tokens": cfg.max_new_tokens, "confidence": cfg.confidence, "backend": cfg.backend,
+            "drafts": cfg.drafts, "tree_nodes": cfg.tree_nodes, "datastore": cfg.datastore}
 
 
 def run_stream(holder, lm, prompt: str, prompt_ids, cfg, control) -> Iterator[RunRecord]:
