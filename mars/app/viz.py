@@ -556,15 +556,20 @@ def make_mask_heatmap(length: int, block_size: int, noisy_start: int = 0) -> go.
 
 
 def _point_labels(rows: Sequence[dict], key: str) -> list[str]:
-    """"τ=0.9" per point; points that coincide share one label ("τ=1, 0.9") instead of overprinting."""
-    labels, first = [""] * len(rows), {}
+    """"τ=0.9" per point; points that coincide share one label ("τ=1, 0.9") instead of overprinting, and a tau
+    swept twice is named once: its second point lands on or next to its first, so a second label would overprint."""
+    labels, first, named = [""] * len(rows), {}, set()
     for i, r in enumerate(rows):
+        tau = f"{r['tau']:g}"
+        if tau in named:
+            continue
+        named.add(tau)
         spot = (round(r["tokens_per_pass"], 3), round(r[key], 3))
         if spot in first:
-            labels[first[spot]] += f", {r['tau']:g}"
+            labels[first[spot]] += f", {tau}"
         else:
             first[spot] = i
-            labels[i] = f"τ={r['tau']:g}"
+            labels[i] = f"τ={tau}"
     return labels
 
 
@@ -590,9 +595,10 @@ def make_sweep_figure(rows: Sequence[dict], block_size: int | None = None) -> go
         labels = _point_labels(rows, key)
         traces.append(go.Scatter(
             x=x, y=[r[key] for r in rows], text=labels, mode="markers+text+lines",
-            textposition=_label_positions(labels),
+            textposition=_label_positions(labels), customdata=[r["tau"] for r in rows],  # an unlabelled point's tau
             marker=dict(color=MARS_COLOR, size=9), line=dict(color=MARS_COLOR, dash="dot"), showlegend=False,
-            hovertemplate="%{text}: %{x:.2f} tokens/pass, %{y:.3f}<extra></extra>", xaxis="x" + axis, yaxis="y" + axis,
+            hovertemplate="τ=%{customdata:g}: %{x:.2f} tokens/pass, %{y:.3f}<extra></extra>", xaxis="x" + axis,
+            yaxis="y" + axis,
         ))
     layout = _two_panels("agreement with AR (exact prefix)", "mean NLL under the AR model (nats/token)", gap=0.14)
     for axis in ("xaxis", "xaxis2"):
