@@ -295,6 +295,15 @@ def test_verified_rejected_drafts_are_struck_through_escaped_and_not_text(payloa
     assert "<s " not in viz.render_groups_html(records, None)
 
 
+def test_a_draft_of_special_tokens_alone_is_not_struck_through():
+    # the app gives a special token an empty piece (mars.app.session.run_stream): nothing of it is drawn
+    records = [verified(0, "The", [1], [7, 8], [0.6, 0.4], 2), verified(1, " cat", [2], [9], [0.5], 1)]
+    html = viz.render_groups_html(records, [["The"], [" cat"]], rejected_texts=[[" dog", ""], [""]])
+    struck = [a for t, a in Tags(html).tags if t == "s"]
+    assert len(struck) == 1 and struck[0]["data-draft"] == " dog"
+    assert struck[0]["title"] == "rejected by the model: ' dog' 0.600"  # no '' for the special token
+
+
 @pytest.mark.parametrize("payload", XSS)
 def test_tree_view_marks_the_path_that_won_at_each_depth_and_escapes(payload):
     r = rec(5, "a b", [10, 20, 7], [0.9, 0.8, 0.7])

@@ -96,7 +96,8 @@ def _hover(rec, texts: Sequence[str]) -> str:
 
 def render_group(rec, texts: Sequence[str] | None, order: int, rejected: Sequence[str] | None = None) -> str:
     """One pass's accepted tokens as one coloured span with its data attributes and tooltip; then, when
-    `rejected` (texts of the drafts that failed verification) is given and not empty, those drafts struck through.
+    `rejected` (texts of the drafts that failed verification, a special token's empty) holds any text, those drafts
+    struck through.
 
     The struck drafts are drawn from an attribute by CSS (`::before { content: attr(data-draft) }`), so they
     are seen but are not part of the text: copying the output, or reading its text, gives the answer only.
@@ -111,11 +112,11 @@ def render_group(rec, texts: Sequence[str] | None, order: int, rejected: Sequenc
         f'data-tau="{rec.tau:.3f}" style="background:{background};color:{color}" '
         f'title="{esc(_hover(rec, texts))}">{body}</span>'
     )
-    if not rejected:
+    draft = "".join(rejected or ()).replace("\n", "↵")
+    if not draft:  # no drafts, or only special tokens (their pieces are empty): nothing to strike through
         return group
-    draft = "".join(rejected).replace("\n", "↵")
     hover = "rejected by the model: " + ", ".join(
-        f"{token_label(t)} {c:.3f}" for t, c in zip(rejected, rec.rejected_confidences))
+        f"{token_label(t)} {c:.3f}" for t, c in zip(rejected, rec.rejected_confidences) if t)
     return group + (f'<s class="mars-rejected" data-pass="{rec.pass_index}" data-draft="{esc(draft)}" '
                     f'title="{esc(hover)}"></s>')
 
