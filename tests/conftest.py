@@ -6,12 +6,24 @@ the package); `tiny` sits beside this file, which pytest's default import mode p
 
 import importlib
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-import tiny
-from mars.app.serving import free_port
+# The caller's Hub mode must not reach the tests (issue 55 item 6d): huggingface_hub (and transformers through it)
+# reads HF_HUB_OFFLINE once, at import, and then refuses every request, the fake Hub's on 127.0.0.1 too. So the run
+# starts online whatever the shell says, before `tiny` and `mars` import it; a test that wants offline sets the
+# variable itself (`env`, monkeypatch), which mars.settings reads.
+HUB_OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+for _name in HUB_OFFLINE_VARS:
+    os.environ.pop(_name, None)
+if "huggingface_hub.constants" in sys.modules:  # imported before this file (by a plugin): its copy is already read
+    sys.modules["huggingface_hub.constants"].HF_HUB_OFFLINE = False
+
+import tiny  # noqa: E402 - after the environment is settled
+from mars.app.serving import free_port  # noqa: E402
+
 
 ROOT = Path(__file__).resolve().parent.parent
 

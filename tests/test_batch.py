@@ -296,3 +296,24 @@ def test_comparison_table_and_export_page(tiny_lm, batch):
     page = batch_viz.standalone_batch_html(state, comp, "t", "s")
     assert page.startswith("<!DOCTYPE html>") and page.count('class="mars-row"') == 4
     assert "batch-compare-table" in page and ".mars-idle" in page
+
+
+def test_the_tabs_default_batch_shows_a_row_idling_at_a_cache_block_end():
+    """Issue 55 item 6c: the Batch tab's defaults (prompts and settings) on the default model, built as the tab's
+    run handler builds them (mars.app.tabs.make_batch_runner), leave some row waiting at a cache-block end."""
+    from mars.app import inputs
+    from mars.app.tabs import DEFAULTS, EXAMPLE_PROMPTS
+    from mars.models.loading import load
+
+    lm = load()  # the default model with the shipped adapter, as the app serves it
+    d = DEFAULTS
+    cfg = inputs.make_config("mars", d["tau"], d["block_size"], d["max_new_tokens"], "prob", top_k=0,
+                             cache_block=d["cache_block"])
+    prompts = parse_batch_prompts(EXAMPLE_PROMPTS, inputs.check_prompt)
+    state = final(run_batch(lm, prompts, [inputs.encode_checked(lm, p, cfg) for p in prompts], cfg))
+    idle = [r for r in state.rows if r.idle_passes]
+    assert idle, [(r.run.tokens, r.run.passes) for r in state.rows]
+    # idling is waiting for the others: while a row idles, another is still filling the block
+    for r in idle:
+        for i in r.idle_passes:
+            assert any(rec.pass_index == i for o in state.rows if o is not r for rec in o.run.steps)

@@ -56,6 +56,27 @@ def test_paper_a2d_checkpoint_loads_as_causal_qwen2(tmp_path):
         assert generate_ids(lm_a, [ids], cfg)[0].token_ids == generate_ids(lm_p, [ids], cfg)[0].token_ids
 
 
+def test_paper_checkpoint_whose_tokenizer_holds_but_does_not_name_mask_uses_it(tmp_path):
+    # the published checkpoints' tokenizers hold `<|mask|>` as one token but name no mask_token (issue 56)
+    tok = tiny.make_tokenizer(name_mask=False)
+    assert tok.mask_token is None and tok.convert_tokens_to_ids("<|mask|>") == 4
+    a2d = tiny.save_tiny(tmp_path / "a2d", arch="qwen2", a2d=True, tok=tok)
+    plain = tiny.save_tiny(tmp_path / "plain", arch="qwen2", tok=tok)
+    lm = load(str(a2d))
+    assert (lm.mask_token, lm.mask_token_id) == ("<|mask|>", 4) and lm.warnings == []
+    assert generate_ids(lm, [[5, 6, 7]], DecodeConfig(tau=0.3, max_new_tokens=4))  # MARS runs, not AR only
+    # only the paper's checkpoints: another model's `<|mask|>` was never trained as [MASK]
+    assert load(str(plain)).mask_token_id is None
+
+
+def test_paper_checkpoint_without_mask_says_to_pass_mask_token(tmp_path):
+    a2d = tiny.save_tiny(tmp_path / "a2d", arch="qwen2", a2d=True, tok=tiny.make_tokenizer(mask=False))
+    lm = load(str(a2d))
+    assert lm.mask_token_id is None
+    assert any("a2d checkpoint" in w and "<|mask|>" in w and "--mask-token" in w for w in lm.warnings), lm.warnings
+    assert load(str(a2d), mask_token="<unk>").mask_token == "<unk>"  # what the message says to do works
+
+
 def test_missing_model_folder_names_what_was_tried(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(LoadError, match="does not exist"):

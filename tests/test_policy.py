@@ -197,6 +197,22 @@ def test_an_oversized_hub_model_is_refused_before_its_download(hub):
     assert lm is loaded and message == "Loaded tiny-llama."
 
 
+def test_the_fake_hub_is_reached_whatever_the_callers_hub_mode(tmp_path):
+    """A shell with HF_HUB_OFFLINE=1 once made the test above fail: huggingface_hub then refuses the fake Hub too.
+    tests/conftest.py starts every run online; this runs that test as such a shell would."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    test = "tests/test_policy.py::test_an_oversized_hub_model_is_refused_before_its_download"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", test], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:]
+
+
 def test_memory_is_counted_as_float32_and_both_limits_hold():
     size = WeightsSize("m", params=10 ** 9, weight_bytes=2 * 10 ** 9, download_bytes=2 * 10 ** 9)
     assert size.memory_bytes == 4 * 10 ** 9

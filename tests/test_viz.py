@@ -247,6 +247,16 @@ def test_sweep_figure_plots_quality_against_tokens_per_pass():
 
 
 
+def test_sweep_figure_names_a_tau_swept_twice_once():
+    row = {"tau": 0.9, "tokens_per_pass": 2.0, "agreement": 0.8, "nll": 1.5}
+    # the same result twice, and a second run that drafted a little differently (its point lands close by)
+    for again in (dict(row), dict(row, tokens_per_pass=2.05, agreement=0.78)):
+        fig = viz.make_sweep_figure([row, again, dict(row, tau=0.5, tokens_per_pass=3.0)])
+        for trace in fig.data:
+            assert list(trace.text) == ["τ=0.9", "", "τ=0.5"]
+            assert list(trace.customdata) == [0.9, 0.9, 0.5] and "customdata" in trace.hovertemplate  # hover: its tau
+
+
 def test_sweep_figure_names_its_b_and_puts_neighbouring_labels_above_and_below():
     rows = [{"tau": t, "tokens_per_pass": 1.0 + i / 20, "agreement": 1.0, "nll": 1.0} for i, t in
             enumerate([1.0, 0.9, 0.8, 0.7])]
@@ -283,6 +293,15 @@ def test_verified_rejected_drafts_are_struck_through_escaped_and_not_text(payloa
     assert 'class="mars-rejected"' in page and "<script>alert" not in page and "<img" not in page
     # MARS mode passes no rejected texts: its rejected proposals are not drafts that were checked
     assert "<s " not in viz.render_groups_html(records, None)
+
+
+def test_a_draft_of_special_tokens_alone_is_not_struck_through():
+    # the app gives a special token an empty piece (mars.app.session.run_stream): nothing of it is drawn
+    records = [verified(0, "The", [1], [7, 8], [0.6, 0.4], 2), verified(1, " cat", [2], [9], [0.5], 1)]
+    html = viz.render_groups_html(records, [["The"], [" cat"]], rejected_texts=[[" dog", ""], [""]])
+    struck = [a for t, a in Tags(html).tags if t == "s"]
+    assert len(struck) == 1 and struck[0]["data-draft"] == " dog"
+    assert struck[0]["title"] == "rejected by the model: ' dog' 0.600"  # no '' for the special token
 
 
 @pytest.mark.parametrize("payload", XSS)

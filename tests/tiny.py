@@ -32,7 +32,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer(mask: bool = True):
+def make_tokenizer(mask: bool = True, name_mask: bool = True):
+    """mask: the vocabulary holds `<|mask|>`; name_mask: the tokenizer names it `mask_token` (the paper's
+    checkpoints hold it as an added special token without naming it)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast
 
@@ -47,8 +49,8 @@ def make_tokenizer(mask: bool = True):
         pad_token="<pad>",
         eos_token="<|im_end|>",
         bos_token="<|im_start|>",
-        mask_token="<|mask|>" if mask else None,
-        additional_special_tokens=[],
+        mask_token="<|mask|>" if mask and name_mask else None,
+        additional_special_tokens=["<|mask|>"] if mask and not name_mask else [],
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -91,9 +93,11 @@ def make_loaded(arch: str = "llama", seed: int = 0, dtype=torch.float64, mask: b
     return LoadedModel(model, tok, f"tiny-{arch}", mask_id, tok.mask_token if mask else None, None, None)
 
 
-def save_tiny(folder: Path, arch: str = "llama", seed: int = 0, a2d: bool = False, dtype=torch.float32) -> Path:
-    """Write a tiny checkpoint folder; `a2d=True` mimics the paper's published checkpoints' config."""
-    tok = make_tokenizer()
+def save_tiny(folder: Path, arch: str = "llama", seed: int = 0, a2d: bool = False, dtype=torch.float32,
+              tok=None) -> Path:
+    """Write a tiny checkpoint folder; `a2d=True` mimics the paper's published checkpoints' config; `tok`: another
+    make_tokenizer's (the default names `<|mask|>` its mask token)."""
+    tok = make_tokenizer() if tok is None else tok
     model = make_model(tok, arch, seed, dtype)
     folder = Path(folder)
     model.save_pretrained(folder, safe_serialization=True)

@@ -13,12 +13,13 @@ from mars.decoding.decoder import DecodeConfig, DecodeControl, check_tau
 from mars.decoding.records import RunRecord
 
 
-def _pieces(tokenizer, ids: list[int]) -> list[str]:
+def _pieces(tokenizer, ids: list[int], skip_special_tokens: bool = False) -> list[str]:
     """Each token's text, cut so that the pieces join into the decoded whole (spaces of word-level
-    tokenizers, characters split across byte-level tokens); decoding each token alone does neither."""
+    tokenizers, characters split across byte-level tokens); decoding each token alone does neither.
+    skip_special_tokens: special tokens' pieces are empty (one piece per id still)."""
     out, prev = [], ""
     for i in range(len(ids)):
-        text = tokenizer.decode(ids[: i + 1])
+        text = tokenizer.decode(ids[: i + 1], skip_special_tokens=skip_special_tokens)
         out.append(text[len(prev):] if text.startswith(prev) else text)
         prev = text
     return out
@@ -42,7 +43,9 @@ def _grow(lm, run: RunRecord, passes, control) -> Iterator[RunRecord]:
     try:
         for rec in passes:
             rec.token_texts = [lm.tokenizer.decode([t]) for t in rec.token_ids]
-            rec.rejected_texts = _pieces(lm.tokenizer, rec.rejected_token_ids)
+            # the struck drafts read as text, as the answer does: a lookup copy of the prompt's chat template
+            # (`<|im_end|>`, `<|im_start|>`) is no text the model could have written there
+            rec.rejected_texts = _pieces(lm.tokenizer, rec.rejected_token_ids, skip_special_tokens=True)
             yield run.add(rec)
     finally:
         passes.close()  # a reader that leaves early takes its row out of the model's passes

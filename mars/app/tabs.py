@@ -30,12 +30,16 @@ from mars.models.hub import DEFAULT_CHOICE, PAPER_CHECKPOINTS, SOURCE, load_chec
 
 CHART_EVERY_S = 1.0  # the timeline is redrawn at most this often while a batch streams (rows: every pass)
 BATCH_CSS = batch_viz.BATCH_CSS + "#batch-output .mars-batch { max-height: 48em; overflow-y: auto; }\n"
+# The tab's defaults. The count is copied ahead 2-4 tokens a pass where the others take 1-2, so with these settings
+# it reaches cache-block ends first and idles there: the default batch shows what the tab is about (on the default
+# model, int8 or float32; tests/test_batch.py checks it).
 EXAMPLE_PROMPTS = "\n".join([
     "What is the capital of France?",
     "Write a haiku about the sea.",
-    "List three prime numbers.",
+    "Count from 1 to 20.",
     "Explain in one sentence what a KV cache is.",
 ])
+DEFAULTS = {"tau": 0.9, "block_size": 4, "max_new_tokens": 64, "cache_block": 16}
 SWITCH = "model-switch"  # the concurrency id of every event that loads a model: one load at a time
 EMPTY = "One row per prompt appears here; each coloured span is one pass of the whole batch."
 
@@ -137,10 +141,13 @@ def build_batch_tab(get_lm: Callable[[], object], pass_slot=None, concurrency_li
         c.prompts = gr.Textbox(EXAMPLE_PROMPTS, label=f"Prompts, one per line (1 to {MAX_BATCH})", lines=5,
                                elem_id="batch-prompts", scale=3)
         with gr.Column(scale=2):
-            c.tau = gr.Slider(0.0, 1.0, value=0.9, step=0.01, label="τ", elem_id="batch-tau")
-            c.block = gr.Slider(1, 16, value=4, step=1, label="block size B", elem_id="batch-block-size")
-            c.max_new = gr.Slider(8, 256, value=64, step=8, label="max new tokens", elem_id="batch-max-new-tokens")
-            c.cache_block = gr.Slider(4, 64, value=16, step=4, label="cache block (paper: 32 at batch 4/8)",
+            c.tau = gr.Slider(0.0, 1.0, value=DEFAULTS["tau"], step=0.01, label="τ", elem_id="batch-tau")
+            c.block = gr.Slider(1, 16, value=DEFAULTS["block_size"], step=1, label="block size B",
+                                elem_id="batch-block-size")
+            c.max_new = gr.Slider(8, 256, value=DEFAULTS["max_new_tokens"], step=8, label="max new tokens",
+                                  elem_id="batch-max-new-tokens")
+            c.cache_block = gr.Slider(4, 64, value=DEFAULTS["cache_block"], step=4,
+                                      label="cache block (paper: 32 at batch 4/8)",
                                       elem_id="batch-cache-block")
             c.axis = gr.Radio([("seconds", "time"), ("passes", "pass")], value="time",
                               label="timeline axis", elem_id="batch-axis")

