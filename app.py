@@ -502,17 +502,16 @@ class MarsApp:
         Returns:
             the generated text and its per-pass trace, as /generate
         """
-        yield from self._api_run("verified", prompt, tau, block_size, max_new_tokens, tree_nodes)
+        yield from self._api_run("verified", prompt, tau, block_size, max_new_tokens, tree_nodes, page_default=True)
 
-    def _api_run(self, mode, prompt, tau, block_size, max_new_tokens, tree_nodes=0):
+    def _api_run(self, mode, prompt, tau, block_size, max_new_tokens, tree_nodes=0, page_default=False):
         lm = self._lm()
         control = DecodeControl()
         try:
             prompt = check_prompt(prompt)
-            if block_size is None:  # the page's own setting for this mode on this model and device
-                block_size = mode_block(mode, lm)
-            if tree_nodes is None:
-                tree_nodes = app_tree_nodes()
+            if page_default:  # an empty block size or tree: the page's own setting for this mode on this device
+                block_size = mode_block(mode, lm) if block_size is None else block_size
+                tree_nodes = app_tree_nodes() if tree_nodes is None else tree_nodes
             cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, "prob", top_k=0,
                                                       tree_nodes=tree_nodes))
             ids = encode_checked(lm, prompt, cfg)

@@ -195,3 +195,37 @@ def test_waves_of_int8_rows_joining_a_running_batch_equal_their_solo_runs():
     for i, (kw, _) in enumerate(room):
         cfg = DecodeConfig(**kw, max_new_tokens=24, backend="fast-int8")
         assert out[i] == solo(lm, encode_prompt(lm.tokenizer, PROMPTS[i % len(PROMPTS)]), cfg), i
+
+
+def test_under_load_a_tree_sends_only_the_nodes_that_pay_for_the_whole_pass():
+    """tree.cut_rate with the shared pass (issue 53, item 3): alone the cut is today's; beside rows that bring
+    many inputs and tokens, a node must add more than its inputs cost every row, so fewer nodes go."""
+    from mars.decoding.tree import best_cut
+
+    costs = tuple(1.0 + 0.2 * w for w in range(64))  # +20% of a 1-input pass per input, as on two AVX2 cores
+    values = [0.6, 0.35, 0.2, 0.12, 0.08, 0.05]
+    width = lambda k: 1 + k  # noqa: E731
+    alone = best_cut(values, costs, width)
+    assert alone == best_cut(values, costs, width, shared=(0, 0.0)) == best_cut(values, costs, width, shared=None)
+    loaded = best_cut(values, costs, width, shared=(30, 20.0))  # 15 other rows of 2 inputs, ~1.3 tokens each
+    assert 0 <= loaded < alone
+    assert best_cut(values, tuple([1.0] * 64), width, shared=(30, 20.0)) == len(values)  # free inputs: all go
+
+
+def test_tree_rows_in_a_room_send_fewer_drafts_and_keep_their_text(tiny_lm):
+    costs = tuple(1.0 + 0.2 * w for w in range(64))
+    kw = dict(mode="verified", tau=0.0, block_size=2, tree_nodes=6, drafts="both", verify_groups="last",
+              pass_costs=costs, max_new_tokens=30, backend="fast")
+    ids = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS]
+    alone = [generate_ids(tiny_lm, [p], DecodeConfig(**kw))[0] for p in ids]
+    s = Scheduler(tiny_lm, "fast")
+    for p in ids:
+        s.add(p, DecodeConfig(**kw), DecodeControl())
+    got, sent = {}, {}
+    while not s.idle:
+        for rec in s.step():
+            got.setdefault(rec.row, []).extend(rec.token_ids)
+            sent.setdefault(rec.row, []).append(rec.drafts_sent)
+    assert [got[i] for i in range(len(ids))] == [r.token_ids for r in alone]
+    per_pass = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert per_pass([d for i in sent for d in sent[i]]) < per_pass([s.drafts_sent for r in alone for s in r.steps])

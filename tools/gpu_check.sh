@@ -124,6 +124,14 @@ for bs in 1 8; do
   grep -h "^error" "$OUT/bench_b$bs.log" >&2 || true
 done
 
+# 4b. the room (issue 53): 8 held-out rows joining a pass apart through the scheduler on the static path, against
+#     the same rows one at a time, and how many equal their solo run (bfloat16: an agreement rate, not a promise)
+if [ "$DEVICE" = cuda ]; then
+  say "the room: 8 rows sharing passes"
+  timeout -k 10 120 $PY -m benchmarks.room --rows 8 --max-new-tokens "$NEW" --device cuda --backend auto --solo 4 \
+    ${MODEL:+--model "$MODEL"} > "$OUT/room.txt" 2> "$OUT/room.log" || say "the room ended with $? (see $OUT/room.log)"
+fi
+
 # 5. training throughput: the README's gated recipe, from the bare model, checkpoints out of the way
 say "training throughput (${TRAIN_MIN} min, batch $TRAIN_BATCH)"
 STOP=(--max-minutes "$TRAIN_MIN"); [ -n "$TRAIN_STEPS" ] && STOP=(--max-steps "$TRAIN_STEPS")

@@ -102,8 +102,8 @@ class BlockCache:
     def compact_if_sparse(self) -> bool:
         """compact() when the cache is more than twice as long as its fullest row needs (and long enough for the
         copy to matter); True if it did."""
-        if not self.use_cache or self.length < 64 or not self.key_ok.shape[0]:
-            return False
+        if not self.use_cache or self.length < 64 or not self.key_ok.shape[0] or not hasattr(self.runner, "compact"):
+            return False  # (a runner without the verb, a test's stand-in, keeps its holes)
         if 2 * int(self.key_ok.sum(1).max()) >= self.length:
             return False
         self.compact()

@@ -98,6 +98,11 @@ class Row(RowText):
         self.passes = 0  # passes this row has been in since it joined: its records' pass_index
         self.passes_planned = 0  # passes in which its mode planned (the first one ends its prefill)
         self.tag = tag  # the caller's own handle (the app's visitor run)
+        # (inputs, tokens) the other rows brought to this row's last pass: a tree's cut weighs its nodes against the
+        # whole shared pass (tree.cut_rate); None alone
+        self.shared: tuple[int, float] | None = None
+        self.last_width = 0  # inputs and tokens of its last pass that planned
+        self.last_tokens = 0
         self.departed = False  # set by the caller when nobody reads the row any more: it leaves before the next pass
 
     @property
@@ -128,6 +133,7 @@ class PassStats:
     widths: list[int]  # each row's window width, in the pass's row order
     seconds: float
     tokens: int  # accepted by all rows together
+    decode_inputs: int = 0  # the inputs of the rows that planned (prefills and idle rows left out)
 
 
 class Scheduler:
@@ -236,6 +242,10 @@ class Scheduler:
         # last, and accept nothing
         block_end = cache.next_block([r.frontier for r in live])
         taus = [r.tau for r in live]
+        last = self.last
+        for r in live:  # the others' share of the last pass (an estimate of this one's: rows come and go slowly)
+            r.shared = ((last.decode_inputs - r.last_width, float(last.tokens - r.last_tokens))
+                        if last is not None and len(live) > 1 else None)
         plans: list[RowPlan | None] = []
         limits: list[int | None] = []
         # prefills beside decoding rows share PREFILL_CHUNK tokens a pass, first come first served; with no row
@@ -279,6 +289,7 @@ class Scheduler:
             computed[i] += res.n_verified
             records.append(_accept(self.tok, r, plan, res, r.cfg, self.eos, r.passes - 1, tau, cache.length,
                                    ids.shape[1], r.mode.scoring))
+            r.last_width, r.last_tokens = len(w.tokens), len(records[-1].token_ids)
 
         # 4. commit: each row keeps the KV it computed from real inputs, all but its last token (fed next pass
         # as the query); finished rows leave the batch; holes are packed away once they dominate the cache
@@ -294,7 +305,8 @@ class Scheduler:
             rec.seconds = elapsed
             rec.batch_rows = len(live)
         widths = [len(w.tokens) for w in windows]
-        self.last = PassStats(len(live), sum(widths), widths, elapsed, sum(len(rec.token_ids) for rec in records))
+        self.last = PassStats(len(live), sum(widths), widths, elapsed, sum(len(rec.token_ids) for rec in records),
+                              sum(len(w.tokens) for w, p in zip(windows, plans) if p is not None))
         return records
 
 

@@ -191,23 +191,30 @@ def pass_cost(costs, width: int) -> float:
     return costs[-1] + step * (width - len(costs))
 
 
-def best_cut(values: list[float], costs, width) -> int:
-    return cut_rate(values, costs, width)[0]
+def best_cut(values: list[float], costs, width, shared: tuple[int, float] | None = None) -> int:
+    return cut_rate(values, costs, width, shared=shared)[0]
 
 
-def cut_rate(values: list[float], costs, width, bonus: float = 0.0, extra: float = 0.0) -> tuple[int, float]:
+def cut_rate(values: list[float], costs, width, bonus: float = 0.0, extra: float = 0.0,
+             shared: tuple[int, float] | None = None) -> tuple[int, float]:
     """How many nodes to send, of `values` in the order they entered the tree: the k with the most expected
     tokens per unit of pass time, (1 + values[0] + ... + values[k-1]) / cost(width(k)). A node's value is the
     chance that it lies on the accepted path (calibrated: docs/tree.md), so the sum is the expected accepted
     drafts and the 1 the model's own token after them. Where a wider pass costs what a narrow one does (a
     GPU, AMX) every node pays; where each input costs time (2 cores without AMX: +0.8 ms on a 5 ms pass) a
     node worth a few percent does not. cut_rate: (k, its rate), with `bonus` tokens and `extra` cost on top of
-    every k (a mask group's worth and its gated rows' cost, TreeMode._cut)."""
-    total = 1.0 + bonus
-    best_k, best = 0, total / (pass_cost(costs, width(0)) + extra)
+    every k (a mask group's worth and its gated rows' cost, TreeMode._cut).
+
+    shared: (inputs, expected tokens) of the other rows in the same forward pass (mars.decoding.scheduler). The
+    rate is then the whole pass's, (their tokens + this row's) / cost(their inputs + this row's): a node goes
+    only if it adds more tokens than its inputs cost everyone, so under load each row sends less, and a row
+    alone (shared None or (0, 0)) cuts as before."""
+    base_w, base_t = shared if shared else (0, 0.0)
+    total = 1.0 + bonus + base_t
+    best_k, best = 0, total / (pass_cost(costs, base_w + width(0)) + extra)
     for k, v in enumerate(values, 1):
         total += v
-        rate = total / (pass_cost(costs, width(k)) + extra)
+        rate = total / (pass_cost(costs, base_w + width(k)) + extra)
         if rate > best:
             best_k, best = k, rate
     return best_k, best
@@ -314,7 +321,7 @@ class TreeMode:
         cut = None
         if self.costs is not None:
             def cut(values):
-                k, decided["group"] = self._cut(values, n, n_groups, row.index)
+                k, decided["group"] = self._cut(values, n, n_groups, row.index, getattr(row, "shared", None))
                 return k
         tree = grow_tree(dists, copies, self.nodes, tau, share, cut=cut)
         if cap is not None:  # a copy chain can run deeper than the cap: keep the nodes within it
@@ -327,7 +334,8 @@ class TreeMode:
         return RowPlan(to_verify=tree.tokens, groups=groups, source=source, to_verify_conf=tree.probs,
                        parents=tree.parents)
 
-    def _cut(self, values: list[float], n: int, n_groups: int | None, index: int) -> tuple[int, bool]:
+    def _cut(self, values: list[float], n: int, n_groups: int | None, index: int,
+             shared: tuple[int, float] | None = None) -> tuple[int, bool]:
         """(nodes to send, whether the mask group goes too), by expected tokens per unit of time (cut_rate).
         The group's drafts pay off a pass later: its worth is the row's running mean of accepted drafts that only
         the masks proposed (self.gain); until that is measured, or with no group_cost to weigh, the group goes."""
@@ -337,9 +345,9 @@ class TreeMode:
         if (n_groups == 0 or self.group_cost is None or self.gain_n.get(index, 0) < GAIN_PASSES
                 or idle + 1 >= EXPLORE_EVERY):
             self.without[index] = 0
-            return best_cut(values, self.costs, width), n_groups != 0
-        k_group, with_group = cut_rate(values, self.costs, width, gain, self.group_cost)
-        k_plain, without = cut_rate(values, self.costs, lambda k: 1 + k)
+            return best_cut(values, self.costs, width, shared), n_groups != 0
+        k_group, with_group = cut_rate(values, self.costs, width, gain, self.group_cost, shared)
+        k_plain, without = cut_rate(values, self.costs, lambda k: 1 + k, shared=shared)
         self.without[index] = 0 if with_group >= without else idle + 1
         return (k_group, True) if with_group >= without else (k_plain, False)
 

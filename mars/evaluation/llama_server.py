@@ -167,7 +167,7 @@ def _nice() -> None:
     os.nice(19)
 
 
-def _run_logged(cmd: list[str], log: Path, env: dict) -> None:
+def _run_logged(cmd: list[str], log: Path, env: dict | None) -> None:
     """One build step, its output appended to `log`; a failure is one line naming the step and the log."""
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
@@ -195,10 +195,11 @@ def build(dest: Path, sdist: Path | None = None, cpu_flags: set[str] | None = No
     src = _extract(archive, dest / "src")
     log = dest / "build.log"
     log.write_text("")
-    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": "2"}  # two jobs: the machine has two cores
+    env = None  # the caller's environment, as it is
     _run_logged(["cmake", "-S", str(src), "-B", str(dest / "build"), *flags], log, env)
     t1 = time.perf_counter()
-    _run_logged(["cmake", "--build", str(dest / "build"), "--target", "llama-server"], log, env)
+    # two jobs: the machine has two cores
+    _run_logged(["cmake", "--build", str(dest / "build"), "--target", "llama-server", "--parallel", "2"], log, env)
     if not binary.is_file():
         raise BuildError(f"llama-server: build finished but {binary} is missing; see {log}")
     t2 = time.perf_counter()
