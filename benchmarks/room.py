@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default=None, help="a model folder or Hub id (default: the embedded one, with its adapter)")
     ap.add_argument("--solo", type=int, default=4, help="rows also run alone, to compare (0: none)")
+    ap.add_argument("--profile", type=int, default=0, help="print the room's N costliest functions (cProfile)")
     args = ap.parse_args(argv)
     if not 1 <= args.rows <= 256:
         ap.error("--rows must be in [1, 256]")
@@ -57,19 +58,29 @@ def main(argv=None) -> int:
     backend = resolve_backend(lm.model, args.backend)
     on_cpu = args.device == "cpu"
     kw = dict(mode=args.mode, max_new_tokens=args.max_new_tokens, backend=backend)
-    if args.mode == "verified":
-        kw |= dict(tau=0.0, drafts="both", verify_groups="last", block_size=VERIFIED_CPU_BLOCK if on_cpu else 4,
-                   tree_nodes=default_tree_nodes(args.device))
-    elif args.mode == "ar":
-        kw |= dict(tau=1.0, block_size=1)
-    cfg = DecodeConfig(**kw)
+    if args.mode == "verified":  # the app's own lossless setting: its B and tree, the datastore, this machine's costs
+        from dataclasses import replace
+
+        from mars.app.inputs import app_datastore, app_pass_costs, fit_to_model, make_config
+
+        app_datastore(lm)
+        app_pass_costs(lm, backend)
+        cfg, _ = fit_to_model(lm, make_config("verified", 0.0, VERIFIED_CPU_BLOCK if on_cpu else 4, args.max_new_tokens,
+                                              top_k=0, backend=backend, tree_nodes=default_tree_nodes(args.device)))
+        cfg = replace(cfg, max_new_tokens=args.max_new_tokens)
+    else:
+        if args.mode == "ar":
+            kw |= dict(tau=1.0, block_size=1)
+        cfg = DecodeConfig(**kw)
     prompts = []
     for text in heldout_prompts(args.rows):
         ids = encode_prompt(lm.tokenizer, text)
         if args.prompt_tokens:
             ids = (ids * (args.prompt_tokens // len(ids) + 1))[: args.prompt_tokens]
         prompts.append(ids)
-    generate_ids(lm, [prompts[0][:8]], DecodeConfig(**(kw | {"max_new_tokens": 4})))  # warm the kernels
+    from dataclasses import replace as _replace
+
+    generate_ids(lm, [prompts[0][:8]], _replace(cfg, max_new_tokens=4))  # warm the kernels
     print(f"room: {args.rows} rows of {args.mode} ({backend}, {args.device}), prompts "
           f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.max_new_tokens} new each; "
           f"model ready in {time.perf_counter() - t0:.1f} s, RSS {peak_rss_mb():.0f} MB", flush=True)
@@ -77,8 +88,14 @@ def main(argv=None) -> int:
     sched = Scheduler(lm, backend)
     got: dict[int, list[int]] = {}
     widest, longest, passes = 0, 0, 0
+    row_passes, inputs, forward_s = 0, 0, 0.0
     t0 = time.perf_counter()
     waiting = list(enumerate(prompts))
+    if args.profile:
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     while waiting or not sched.idle:
         if waiting and passes % args.join_every == 0:
             i, ids = waiting.pop(0)
@@ -88,12 +105,22 @@ def main(argv=None) -> int:
         passes += 1
         if sched.last is not None:
             widest = max(widest, sched.last.rows)
+            row_passes += sched.last.rows
+            inputs += sched.last.decode_inputs
         if sched.cache is not None:
             longest = max(longest, sched.cache.length)
     room_s = time.perf_counter() - t0
+    if args.profile:
+        import pstats
+
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.profile)
     tokens = sum(map(len, got.values()))
     print(f"room: {tokens} tokens in {room_s:.2f} s = {tokens / room_s:.1f} tokens/s; {passes} passes, up to "
           f"{widest} rows a pass, the cache at most {longest} columns; peak RSS {peak_rss_mb():.0f} MB", flush=True)
+    print(f"room: per row and pass {inputs / max(1, row_passes):.2f} inputs (decoding rows), "
+          f"{tokens / max(1, row_passes):.2f} tokens; {row_passes / max(1, passes):.1f} rows a pass on average",
+          flush=True)
     if args.solo:
         k = min(args.solo, args.rows)
         t0 = time.perf_counter()

@@ -42,6 +42,18 @@ def heldout_prompts(n: int) -> list[str]:
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
+def rounds(n: int) -> int:
+    """Answers each of n clients asks, one after the other: 8 in all at least, so that a small room's figure is
+    over more than one short answer."""
+    return max(1, -(-8 // n))
+
+
+def room_prompts(n: int, k: int) -> list[list[str]]:
+    """Client i's k prompts: held-out prompts i, i + n, i + 2n, ... (every answer of a room a different prompt)."""
+    everyone = heldout_prompts(n * k)
+    return [[everyone[i + j * n] for j in range(k)] for i in range(n)]
+
+
 def _stream_api(url: str, prompt: str, max_new: int) -> dict:
     """One client: its own gradio_client, one streamed /generate_verified answer at the page's setting."""
     from gradio_client import Client
@@ -93,22 +105,24 @@ def _stream_page(url: str, prompt: str, max_new: int) -> dict:
     return {"first_s": first, "total_s": end - t0, "ok": done, "start": t0, "end": end}
 
 
-def run_room(url: str, prompts: list[str], max_new: int, page: int) -> dict:
-    """len(prompts) API clients and `page` page visitors at once; their figures."""
+def run_room(url: str, prompts: list[list[str]], max_new: int, page: int) -> dict:
+    """len(prompts) API clients at once, client i asking prompts[i] one after the other, and `page` page visitors
+    beside them; their figures."""
     results: list[dict] = []
     errors: list[str] = []
     lock = threading.Lock()
 
-    def one(fn, prompt):
-        try:
-            r = fn(url, prompt, max_new)
-            with lock:
-                results.append(r | {"kind": fn.__name__, "prompt": prompt})
-        except Exception as e:  # noqa: BLE001 - counted and shown
-            with lock:
-                errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+    def one(fn, mine):
+        for prompt in mine:
+            try:
+                r = fn(url, prompt, max_new)
+                with lock:
+                    results.append(r | {"kind": fn.__name__, "prompt": prompt})
+            except Exception as e:  # noqa: BLE001 - counted and shown
+                with lock:
+                    errors.append(f"{type(e).__name__}: {str(e)[:200]}")
 
-    jobs = [(_stream_api, p) for p in prompts] + [(_stream_page, prompts[i % len(prompts)]) for i in range(page)]
+    jobs = [(_stream_api, p) for p in prompts] + [(_stream_page, prompts[i % len(prompts)][:1]) for i in range(page)]
     threads = [threading.Thread(target=one, args=j, daemon=True) for j in jobs]
     t0 = time.perf_counter()
     for t in threads:
@@ -121,7 +135,7 @@ def run_room(url: str, prompts: list[str], max_new: int, page: int) -> dict:
     api = [r for r in results if r["kind"] == "_stream_api"]
     tokens = sum(r["tokens"] for r in api)
     firsts = [r["first_s"] for r in results if r["first_s"] is not None]
-    return {"clients": len(prompts), "page": page, "wall_s": wall, "tokens": tokens,
+    return {"clients": len(prompts), "requests": len(api), "page": page, "wall_s": wall, "tokens": tokens,
             "tokens_per_s": tokens / wall if wall else None,
             "first_p50_s": percentile(firsts, 0.5), "first_p95_s": percentile(firsts, 0.95),
             "total_p95_s": percentile([r["total_s"] for r in results], 0.95),
@@ -145,7 +159,7 @@ def serve_rooms(batching: bool, counts: list[int], max_new: int, page: int, star
             solo = {p: _stream_api(url, p, max_new)["text"] for p in solo_prompts}
         rooms = {}
         for n in counts:
-            room = run_room(url, heldout_prompts(n), max_new, page if n > 1 else 0)
+            room = run_room(url, room_prompts(n, rounds(n)), max_new, page if n > 1 else 0)
             room["rss_mb"] = rss_mb(proc.pid)
             rooms[n] = room
             print(f"  batching {'on ' if batching else 'off'} N={n:>2}: {fmt(room['tokens_per_s'])} tokens/s, first group "
@@ -179,20 +193,26 @@ def peer_rooms(where: Path, counts: list[int], max_new: int) -> dict | str:
 
             def one(prompt):
                 try:
+                    start = time.perf_counter()
                     r = llama_server.stream_chat(url, prompt, max_new, timeout=REQUEST_TIMEOUT_S)
                     with lock:
-                        results.append(r)
+                        results.append(r | {"start": start, "end": time.perf_counter()})
                 except Exception as e:  # noqa: BLE001
                     with lock:
                         errors.append(str(e)[:200])
 
-            threads = [threading.Thread(target=one, args=(p,), daemon=True) for p in heldout_prompts(n)]
+            def client(mine):
+                for p in mine:
+                    one(p)
+
+            threads = [threading.Thread(target=client, args=(m,), daemon=True) for m in room_prompts(n, rounds(n))]
             t0 = time.perf_counter()
             for t in threads:
                 t.start()
             for t in threads:
                 t.join(timeout=REQUEST_TIMEOUT_S + 60)
             wall = time.perf_counter() - t0
+            wall = max(r["end"] for r in results) - min(r["start"] for r in results) if results else wall
             tokens = sum(r["tokens"] for r in results)
             firsts = [r["first_token_s"] for r in results if r["first_token_s"] is not None]
             rooms[n] = {"tokens_per_s": tokens / wall, "first_p50_s": percentile(firsts, 0.5),
@@ -246,7 +266,7 @@ def main(argv=None) -> int:
 
     print(f"serve_load: N = {args.clients}, {args.max_new_tokens}-token /generate_verified answers at the page's "
           f"setting, {args.page} page visitors beside them; {platform.processor() or platform.machine()}", flush=True)
-    everyone = heldout_prompts(max(args.clients))
+    everyone = sorted({p for n in args.clients for mine in room_prompts(n, rounds(n)) for p in mine})
     off, solo = ({}, {}) if args.no_off else serve_rooms(False, args.clients, args.max_new_tokens, args.page,
                                                            args.start_timeout, solo_prompts=everyone)
     on, _ = serve_rooms(True, args.clients, args.max_new_tokens, args.page, args.start_timeout)

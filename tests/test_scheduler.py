@@ -229,3 +229,21 @@ def test_tree_rows_in_a_room_send_fewer_drafts_and_keep_their_text(tiny_lm):
     assert [got[i] for i in range(len(ids))] == [r.token_ids for r in alone]
     per_pass = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert per_pass([d for i in sent for d in sent[i]]) < per_pass([s.drafts_sent for r in alone for s in r.steps])
+
+
+def test_passes_of_more_rows_than_one_c_call_takes_go_in_pieces_and_equal_solo():
+    """A room's pass can hold more inputs than the C layer loop takes in one call (MAX_C_ROWS): 12 rows of
+    MARS at B 8 feed ~96 inputs a pass, and their first pass all 12 prompts. The pass then runs in pieces of
+    live inputs (fastpath._c_forward_rows), and every row still equals its solo run."""
+    from mars.runtime.fastpath import fast_model
+    from mars.runtime.kernels import MAX_C_ROWS
+
+    lm = tiny.make_loaded(dtype=torch.float32)  # the C layers run float32 activations
+    if fast_model(lm.model, torch.int8).c_layers is None:
+        pytest.fail("the int8 C layers did not build here: this test needs them (a compiler is on this machine)")
+    room = [(dict(mode="mars", tau=0.3 + 0.05 * k, block_size=8), 0) for k in range(12)]
+    out, _, stats = run_room(lm, room, "fast-int8", max_new=24, prefill_chunk=None)
+    assert max(st.inputs for st in stats) > MAX_C_ROWS
+    for i, (kw, _) in enumerate(room):
+        cfg = DecodeConfig(**kw, max_new_tokens=24, backend="fast-int8")
+        assert out[i] == solo(lm, encode_prompt(lm.tokenizer, PROMPTS[i % len(PROMPTS)]), cfg), i

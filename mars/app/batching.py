@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -34,6 +35,10 @@ RATE_WINDOW_S = 10.0  # the aggregate tokens/s is over the passes of the last th
 # record a moment after the pass (Python hands the interpreter over every few ms) never makes the model wait,
 # and one who stops reading (or goes) gets at most two passes more
 LOOKAHEAD = 1
+# The interpreter's switch interval while the server batches: the model thread, back from a pass's C call, waits
+# for the interpreter lock while a reader (a Gradio worker turning a record into an update) holds it, up to the
+# whole interval (5 ms by default: nearly an int8 AR pass of the default model). 0.5 ms bounds that wait.
+SWITCH_INTERVAL_S = 0.0005
 
 
 @dataclass
@@ -54,6 +59,8 @@ class BatchServer:
     def __init__(self, slot, rows: int):
         self.slot = slot
         self.cap = rows  # rows in one pass at most; more wait, in the order they came
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._lock = threading.Lock()
         self._waiting: deque[_Ticket] = deque()
         self._schedulers: dict[tuple, Scheduler] = {}

@@ -162,6 +162,7 @@ class Scheduler:
         self._cache_block = cache_block
         self._prompt_len = prompt_len
         self.rows: list[Row] = []  # live rows, in the cache's row order
+        self.slots: list[Row | None] = []  # the cache's rows: a live row, or None where one left
         self.pending: list[Row] = []  # added, joining at the next pass
         self._next_index = 0
         self.last: PassStats | None = None
@@ -197,29 +198,45 @@ class Scheduler:
         if self.runner is None:  # sized for the first rows; later ones make it grow
             self.runner = self._factory(self.lm.model, joining[0].cfg, len(joining), max(need, self._capacity))
             self.cache = BlockCache(self.runner, self._prompt_len, len(joining), self._cache_block, self.use_cache)
-        else:
-            self.cache.add_rows(len(joining))
+            self.slots = list(joining)
+        else:  # a free slot first (a finished row's: its columns are holes for it), else a new cache row
+            free = [i for i, r in enumerate(self.slots) if r is None]
+            for i, r in zip(free, joining):
+                self.slots[i] = r
+            extra = joining[len(free):]
+            if extra:
+                self.cache.add_rows(len(extra))
+                self.slots += extra
         for r in joining:
             if r.mode is None:
                 r.mode = make_mode(r.cfg, self.lm, self.scoring)
             elif getattr(r.mode, "scoring", None) is None:
                 r.mode.scoring = self.scoring
-        self.rows += joining
+        self.rows = [r for r in self.slots if r is not None]
 
-    def _leave(self, finished: list[int]):
-        keep = [i for i in range(len(self.rows)) if i not in finished]
-        self.rows = [self.rows[i] for i in keep]
-        if keep:
-            self.cache.select(keep)
-        else:  # nobody left: the next rows start from a new cache, sized for them
+    def _leave(self, slots: list[int]):
+        """These slots' rows leave. Their slots stay (a window of nothing, which no backend computes, and columns
+        that are holes for the row that takes the slot next), so a leaving row copies no cache; once free slots
+        are as many as the rows (and 4 or more), the cache keeps only the rows' (one copy, rarely)."""
+        for i in slots:
+            self.slots[i] = None
+            self.cache.key_ok[i] = False
+        self.rows = [r for r in self.slots if r is not None]
+        if not self.rows:  # nobody left: the next rows start from a new cache, sized for them
             self.runner = self.cache = None
+            self.slots = []
+            return
+        free = len(self.slots) - len(self.rows)
+        if free >= max(4, len(self.rows)):
+            self.cache.select([i for i, r in enumerate(self.slots) if r is not None])
+            self.slots = list(self.rows)
 
     def cancel_departed(self) -> list[Row]:
         """Rows cancelled (their control) or departed (their reader) leave now, finish reason "cancelled"; returned."""
         gone = [r for r in self.pending if r.gone]
         self.pending = [r for r in self.pending if not r.gone]
-        out = [i for i, r in enumerate(self.rows) if r.gone]
-        gone += [self.rows[i] for i in out]
+        out = [i for i, r in enumerate(self.slots) if r is not None and r.gone]
+        gone += [self.slots[i] for i in out]
         if out:
             self._leave(out)
         for r in gone:
@@ -236,22 +253,26 @@ class Scheduler:
             self.last = None
             return []
         t0 = time.perf_counter()
-        live, cache = self.rows, self.cache
+        slots, cache, rows = self.slots, self.cache, self.rows  # slots: the cache's rows, None where free
         mask_id = self.lm.mask_token_id
         # rows at the cache-block end idle (the fixed batch only): they feed their uncommitted tokens but the
         # last, and accept nothing
-        block_end = cache.next_block([r.frontier for r in live])
-        taus = [r.tau for r in live]
+        block_end = cache.next_block([r.frontier for r in rows])
         last = self.last
-        for r in live:  # the others' share of the last pass (an estimate of this one's: rows come and go slowly)
+        for r in rows:  # the others' share of the last pass (an estimate of this one's: rows come and go slowly)
             r.shared = ((last.decode_inputs - r.last_width, float(last.tokens - r.last_tokens))
-                        if last is not None and len(live) > 1 else None)
+                        if last is not None and len(rows) > 1 else None)
+        taus = [r.tau if r is not None else None for r in slots]
         plans: list[RowPlan | None] = []
         limits: list[int | None] = []
         # prefills beside decoding rows share PREFILL_CHUNK tokens a pass, first come first served; with no row
         # decoding (a fixed batch's first pass, a row alone) every prompt goes whole, as alone
-        budget = self.prefill_chunk if self.prefill_chunk is not None and any(r.decoding for r in live) else None
-        for r, tau in zip(live, taus):
+        budget = self.prefill_chunk if self.prefill_chunk is not None and any(r.decoding for r in rows) else None
+        for r, tau in zip(slots, taus):
+            if r is None:
+                plans.append(None)
+                limits.append(0)
+                continue
             waiting = len(r.tokens) - 1 - r.n_cached  # prompt tokens still to feed before the last one
             if budget is not None and not r.decoding:
                 if waiting > budget:  # a chunk of its prompt this pass (maybe none), its first plan later
@@ -266,8 +287,8 @@ class Scheduler:
             else:
                 plans.append(r.mode.plan(r, r.cfg, tau))
 
-        # 1. propose: one window per row, right-aligned in the pass's input, one forward
-        windows = [_window(r, p, mask_id, lim) for r, p, lim in zip(live, plans, limits)]
+        # 1. propose: one window per slot (a free slot's is empty), right-aligned in the pass's input, one forward
+        windows = [_window(r, p, mask_id, lim) if r is not None else _NOTHING for r, p, lim in zip(slots, plans, limits)]
         ids, pos, local, starts = _stack_windows(windows, self.pad_id)
         keep = sorted({o + k for w, o in zip(windows, starts) for k in w.reads})
         padding = torch.arange(ids.shape[1])[None, :] < torch.tensor(starts)[:, None]  # (b, W): nobody reads these
@@ -277,7 +298,9 @@ class Scheduler:
         # 2. score and 3. accept, row by row, each by its own mode and settings
         computed = [w.n_real for w in windows]  # per row: leading window inputs computed from real tokens
         records = []
-        for i, (r, plan, w, o, tau) in enumerate(zip(live, plans, windows, starts, taus)):
+        for i, (r, plan, w, o, tau) in enumerate(zip(slots, plans, windows, starts, taus)):
+            if r is None:
+                continue
             r.passes += 1
             if plan is None:
                 continue
@@ -293,19 +316,21 @@ class Scheduler:
 
         # 4. commit: each row keeps the KV it computed from real inputs, all but its last token (fed next pass
         # as the query); finished rows leave the batch; holes are packed away once they dominate the cache
-        counts = [min(c, len(r.tokens) - 1 - r.n_cached) for r, c in zip(live, computed)]
-        for r, kept in zip(live, cache.commit(starts, counts)):
-            r.n_cached += kept
-        done = [i for i, r in enumerate(live) if r.finish_reason is not None]
+        widths = [len(w.tokens) for r, w in zip(slots, windows) if r is not None]  # before rows leave their slots
+        counts = [min(c, len(r.tokens) - 1 - r.n_cached) if r is not None else 0 for r, c in zip(slots, computed)]
+        for r, kept in zip(slots, cache.commit(starts, counts)):
+            if r is not None:
+                r.n_cached += kept
+        done = [i for i, r in enumerate(slots) if r is not None and r.finish_reason is not None]
         if done:
             self._leave(done)
-        cache.compact_if_sparse()
+        if self.cache is not None:
+            self.cache.compact_if_sparse()
         elapsed = time.perf_counter() - t0
         for rec in records:
             rec.seconds = elapsed
-            rec.batch_rows = len(live)
-        widths = [len(w.tokens) for w in windows]
-        self.last = PassStats(len(live), sum(widths), widths, elapsed, sum(len(rec.token_ids) for rec in records),
+            rec.batch_rows = len(rows)
+        self.last = PassStats(len(rows), sum(widths), widths, elapsed, sum(len(rec.token_ids) for rec in records),
                               sum(len(w.tokens) for w, p in zip(windows, plans) if p is not None))
         return records
 
@@ -356,6 +381,9 @@ class _RowWindow:
     @property
     def reads(self) -> list[int]:
         return self.main_reads + [k for g in self.group_reads for k in g]
+
+
+_NOTHING = _RowWindow([], [], torch.zeros((0, 0), dtype=torch.bool), [], [], 0)  # a free slot's window
 
 
 def _window(row: Row, plan: RowPlan | None, mask_id: int | None, limit: int | None = None) -> _RowWindow:
