@@ -515,9 +515,13 @@ class MarsApp:
             cfg, notes = fit_to_model(lm, make_config(mode, tau, block_size, max_new_tokens, "prob", top_k=0,
                                                       tree_nodes=tree_nodes))
             ids = encode_checked(lm, prompt, cfg)
-            run = None
+            run, sent = None, 0.0
             for run in run_stream(self.holder, lm, prompt, ids, cfg, control):
-                if not run.finished:
+                # the first group at once, then at most every text_every_s: in a room each update is the server's
+                # work (and its client's) on the same cores as the passes
+                now = time.perf_counter()
+                if not run.finished and (not sent or now - sent >= self.text_every_s):
+                    sent = now
                     yield run.text, {"partial": True, "passes": run.passes}
         except ValueError as e:
             raise visitor_error(e) from None

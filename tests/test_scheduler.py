@@ -75,14 +75,17 @@ def test_int8_rows_equal_their_int8_solo_runs():
         assert out[i] == solo(lm, encode_prompt(lm.tokenizer, PROMPTS[i]), cfg), i
 
 
-def test_a_long_prompt_joins_in_chunks_and_stays_exact(tiny_lm, monkeypatch):
+def test_a_long_prompt_joins_in_chunks_and_stays_exact(tiny_lm):
+    """A long prompt joining a room of decoding rows goes in chunks (a pass at most about doubles), and a room
+    filling up (as many joining as decoding) takes its prompts whole; every row equals its solo run."""
     long_prompt = " ".join(["the old man said that the boy was in the house"] * 6)
     ids = encode_prompt(tiny_lm.tokenizer, long_prompt)
     assert len(ids) > 40
     s = Scheduler(tiny_lm, "fast", prefill_chunk=8)
     cfg = DecodeConfig(mode="mars", tau=0.6, block_size=4, max_new_tokens=30, backend="fast")
-    first = s.add(encode_prompt(tiny_lm.tokenizer, PROMPTS[0]), cfg, DecodeControl())
-    got = {0: [], 1: []}
+    short = [encode_prompt(tiny_lm.tokenizer, p) for p in PROMPTS[:3]]
+    firsts = [s.add(p, cfg, DecodeControl()) for p in short]
+    got = {i: [] for i in range(4)}
     widths = []
     for p in range(200):
         if p == 3:
@@ -93,12 +96,21 @@ def test_a_long_prompt_joins_in_chunks_and_stays_exact(tiny_lm, monkeypatch):
             widths.append(max(s.last.widths))
         if s.idle:
             break
-    assert got[0] == solo(tiny_lm, encode_prompt(tiny_lm.tokenizer, PROMPTS[0]), cfg)
-    assert got[1] == solo(tiny_lm, ids, cfg)
-    assert first.finish_reason and late.finish_reason
-    # while the first row decoded, no pass fed more than the chunk plus the last token and a plan
-    assert max(widths[3:8]) <= 8 + 1 + 3
-    assert late.passes > late.passes_planned  # its prefill took passes of its own
+    for i, p in enumerate(short):
+        assert got[i] == solo(tiny_lm, p, cfg)
+    assert got[3] == solo(tiny_lm, ids, cfg)
+    assert all(r.finish_reason for r in firsts + [late])
+    # beside three decoding rows (~4 inputs each) no pass fed the long prompt whole: chunks of max(8, ~12)
+    assert max(widths[3:8]) < 24 < len(ids)
+    assert late.passes - late.passes_planned >= 2  # its prefill took passes of its own
+
+    # a room filling up: one row decoding, one joining with a long prompt: it goes whole, at once
+    s = Scheduler(tiny_lm, "fast", prefill_chunk=8)
+    s.add(short[0], cfg, DecodeControl())
+    s.step()
+    late = s.add(ids, cfg, DecodeControl())
+    s.step()
+    assert late.passes_planned == 1 and max(s.last.widths) >= len(ids)
 
 
 def test_live_tau_stop_and_departure_touch_only_their_row(tiny_lm):

@@ -38,9 +38,10 @@ from mars.decoding.modes import Outcome, RowPlan, make_mode
 from mars.decoding.records import PassRecord
 from mars.decoding.rows import RowText, take
 
-# prompt tokens a pass, all joining rows together, while other rows decode beside them: a long prompt then adds
-# about one decoding pass's time to each pass it is fed in (32 rows ~ a pass of 16 rows of 2 inputs), not a stall
+# prompt tokens a pass at least, all joining rows together, while more rows decode beside them: a long prompt then
+# adds about one decoding pass's time to each pass it is fed in, not a stall (Scheduler.step)
 PREFILL_CHUNK = 32
+MAX_SPARE_SLOTS = 16  # free cache rows added at most when rows join a full cache (each is memory, no compute)
 
 
 def make_runner(model, cfg, batch: int, capacity: int):
@@ -204,9 +205,10 @@ class Scheduler:
             for i, r in zip(free, joining):
                 self.slots[i] = r
             extra = joining[len(free):]
-            if extra:
-                self.cache.add_rows(len(extra))
-                self.slots += extra
+            if extra:  # room for as many again (free slots): a room filling up row by row copies its cache rarely
+                spare = max(0, min(len(self.slots), MAX_SPARE_SLOTS) - len(extra))
+                self.cache.add_rows(len(extra) + spare)
+                self.slots += extra + [None] * spare
         for r in joining:
             if r.mode is None:
                 r.mode = make_mode(r.cfg, self.lm, self.scoring)
@@ -217,7 +219,7 @@ class Scheduler:
     def _leave(self, slots: list[int]):
         """These slots' rows leave. Their slots stay (a window of nothing, which no backend computes, and columns
         that are holes for the row that takes the slot next), so a leaving row copies no cache; once free slots
-        are as many as the rows (and 4 or more), the cache keeps only the rows' (one copy, rarely)."""
+        are twice the rows (and 8 or more), the cache keeps only the rows' (one copy, rarely)."""
         for i in slots:
             self.slots[i] = None
             self.cache.key_ok[i] = False
@@ -227,7 +229,7 @@ class Scheduler:
             self.slots = []
             return
         free = len(self.slots) - len(self.rows)
-        if free >= max(4, len(self.rows)):
+        if free >= max(8, 2 * len(self.rows)):  # well past what a room's growth leaves free (_admit): no thrash
             self.cache.select([i for i, r in enumerate(self.slots) if r is not None])
             self.slots = list(self.rows)
 
@@ -265,9 +267,14 @@ class Scheduler:
         taus = [r.tau if r is not None else None for r in slots]
         plans: list[RowPlan | None] = []
         limits: list[int | None] = []
-        # prefills beside decoding rows share PREFILL_CHUNK tokens a pass, first come first served; with no row
-        # decoding (a fixed batch's first pass, a row alone) every prompt goes whole, as alone
-        budget = self.prefill_chunk if self.prefill_chunk is not None and any(r.decoding for r in rows) else None
+        # prefills beside decoding rows share a budget of prompt tokens a pass, first come first served: at least
+        # PREFILL_CHUNK, or as many as the decoding rows' inputs (a pass at most doubles). With no row decoding, or
+        # as many rows joining as decoding (a room filling up: their first groups matter more than a pass's time),
+        # every prompt goes whole
+        decoding = sum(r.decoding for r in rows)
+        budget = None
+        if self.prefill_chunk is not None and decoding and len(rows) - decoding < decoding:
+            budget = max(self.prefill_chunk, last.decode_inputs if last is not None else 0)
         for r, tau in zip(slots, taus):
             if r is None:
                 plans.append(None)
