@@ -55,20 +55,40 @@ def room_prompts(n: int, k: int) -> list[list[str]]:
 
 
 def _stream_api(url: str, prompt: str, max_new: int) -> dict:
-    """One client: its own gradio_client, one streamed /generate_verified answer at the page's setting."""
-    from gradio_client import Client
+    """One client: one streamed /generate_verified answer at the page's setting, through Gradio's own REST route
+    (POST .../call/generate_verified, then its event stream), on the standard library: a client as light as
+    the peer's (mars.evaluation.llama_server.stream_chat), so that the clients' own work on these two cores
+    weighs the same on both servers."""
+    import urllib.request
 
-    client = Client(url, verbose=False)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
     t0 = time.perf_counter()
-    job = client.submit(prompt, None, max_new, 0.0, None, api_name="/generate_verified")
-    first = None
-    for text, _ in job:
-        if first is None and text:
-            first = time.perf_counter() - t0
-    text, trace = job.result(timeout=REQUEST_TIMEOUT_S)
+    body = json.dumps({"data": [prompt, None, max_new, 0.0, None]}).encode()
+    req = urllib.request.Request(f"{url}gradio_api/call/generate_verified", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with opener.open(req, timeout=60) as resp:
+        event_id = json.loads(resp.read())["event_id"]
+    first, event, final = None, None, None
+    with opener.open(f"{url}gradio_api/call/generate_verified/{event_id}", timeout=REQUEST_TIMEOUT_S) as resp:
+        for raw in resp:
+            line = raw.decode("utf-8").rstrip("\n")
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data = json.loads(line[5:].strip() or "null")
+                if event == "generating" and first is None and data and data[0]:
+                    first = time.perf_counter() - t0
+                elif event == "complete":
+                    final = data
+                    break
+                elif event == "error":
+                    raise RuntimeError(f"the server said: {str(data)[:200]}")
+    if final is None:
+        raise RuntimeError("the stream ended without an answer")
+    text, trace = final
     end = time.perf_counter()
-    return {"first_s": first, "total_s": end - t0, "text": text, "tokens": trace["tokens"],
-            "start": t0, "end": end, "passes": trace.get("passes")}
+    return {"first_s": first if first is not None else end - t0, "total_s": end - t0, "text": text,
+            "tokens": trace["tokens"], "start": t0, "end": end, "passes": trace.get("passes")}
 
 
 def _stream_page(url: str, prompt: str, max_new: int) -> dict:
