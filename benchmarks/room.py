@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--prompt-tokens", type=int, default=0, help="repeat each prompt to this many tokens (0: as is)")
-    ap.add_argument("--join-every", type=int, default=1, help="passes between two rows' arrivals")
+    ap.add_argument("--join-every", type=int, default=1, help="passes between two rows' arrivals (0: all at once)")
     ap.add_argument("--mode", default="verified", choices=["verified", "mars", "ar"])
     ap.add_argument("--backend", default="auto-int8")
     ap.add_argument("--device", default="cpu")
@@ -97,9 +97,11 @@ def main(argv=None) -> int:
         profile = cProfile.Profile()
         profile.enable()
     while waiting or not sched.idle:
-        if waiting and passes % args.join_every == 0:
+        while waiting and (args.join_every == 0 or passes % args.join_every == 0):  # 0: all at once
             i, ids = waiting.pop(0)
             sched.add(ids, cfg, DecodeControl(), index=i)
+            if args.join_every:
+                break
         for rec in sched.step():
             got.setdefault(rec.row, []).extend(rec.token_ids)
         passes += 1

@@ -199,3 +199,18 @@ def test_machine_probe(tmp_path):
     assert set(res["gmac_per_s"]) == {f"{t} threads, {n} rows" for t in (1, 2) for n in (1, 16)}
     assert all(len(v) == 1 and v[0] > 0 for v in res["gmac_per_s"].values())
     assert set(res["second_thread_gain"]) == {"1 rows", "16 rows"}
+
+
+def test_room(tiny_dir):
+    out = bench("room", "--model", tiny_dir, "--rows", 6, "--mode", "mars", "--max-new-tokens", 12, "--solo", 3,
+                "--threads", 1)
+    assert re.search(r"room: \d+ tokens in [\d.]+ s", out) and "rows equal to their solo run: 3/3" in out
+
+
+def test_serve_load(tiny_dir, tmp_path):
+    out = bench("serve_load", "--clients", 1, 3, "--max-new-tokens", 8, "--page", 1, "--json", tmp_path / "s.json",
+                env={"MARS_MODEL": str(tiny_dir), "MARS_THREADS": "1"}, timeout=600)
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert set(data["on"]) == set(data["off"]) == {"1", "3"} and data["peer"] is None
+    assert all(room["errors"] == 0 for room in list(data["on"].values()) + list(data["off"].values()))
+    assert "| 3 + 1 page |" in out and "8/8 (off 8/8)" in out  # every answer its solo text, both ways

@@ -131,10 +131,14 @@ def test_a_cut_tree_keeps_ar_text_and_sends_what_the_costs_allow(tiny_lm, drafts
 
 
 def test_measured_costs_start_at_one_and_never_fall(tiny_lm):
-    measured = measure_pass_costs(tiny_lm, resolve_backend(tiny_lm.model, "auto"), max_width=6, rounds=2)
+    measured = measure_pass_costs(tiny_lm, resolve_backend(tiny_lm.model, "auto"), max_width=6, rounds=2, wide=())
     costs = measured.by_width
     assert len(costs) == 6 and costs[0] == 1.0 and measured.group >= 0
     assert all(b >= a for a, b in zip(costs, costs[1:]))
+    # a room's wide passes are measured, not extrapolated: the table goes on to the widest, never down
+    wide = measure_pass_costs(tiny_lm, resolve_backend(tiny_lm.model, "auto"), max_width=6, rounds=2, wide=(16, 32))
+    assert len(wide.by_width) == 32 and wide.by_width[:6] != () and all(
+        b >= a for a, b in zip(wide.by_width, wide.by_width[1:]))
     DecodeConfig(mode="verified", tree_nodes=4, pass_costs=costs, group_cost=measured.group)  # usable as they come
 
 

@@ -97,10 +97,21 @@ class PassCosts:
     group: float
 
 
-def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128, rounds: int = 5) -> PassCosts:
+WIDE_WIDTHS = (16, 32, 64, 128)
+DRIFT_WIDTHS = 8  # the passes that check a table: a tree's own (a row alone); a prompt's long pass is no step  # wide passes measured too: a room's shared pass (mars.decoding.scheduler)
+
+
+def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128, rounds: int = 5,
+                       wide: tuple[int, ...] = WIDE_WIDTHS) -> PassCosts:
     """This machine's PassCosts for `lm` on `backend`: the forward's time by width, with and without a mask, plus
     the decoder's host work around it, which every step pays alike (an int8 AR step here: 4.2 ms forward, little
-    around it). ~0.8 s for the default int8 model on two cores."""
+    around it). ~0.8 s for the default int8 model on two cores, and ~1 s more for the `wide` widths.
+
+    Up to max_width the table is a line through the medians (a tree's own pass). Past it, where a room's shared
+    pass lies, the line no longer holds: a narrow int8 pass streams its weights (an input more: +4% here), a wide
+    one is bound by its products (+11% an input at 64 inputs on two AVX-512 cores), so the line's slope would
+    price a room's drafts at a third of their cost. The wide widths are measured (one row of that many inputs,
+    three rounds, no mask) and the table goes on to the widest through them, linearly between, never down."""
     limit = getattr(lm.model.config, "max_position_embeddings", None)
     if limit:  # a short-context model: a context it can hold with the passes and the AR steps after it
         context = max(1, min(context, limit // 2))
@@ -110,6 +121,16 @@ def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128,
     host = max(0.0, host_seconds(lm, backend, context) - forward[(1, False)])
     plain = {w: forward[(w, False)] + host for w in widths}
     by_width = fit_costs(plain, max_width)
+    wide = sorted(w for w in wide if w > max_width and (not limit or context + w < limit))
+    if wide:
+        far = time_widths(lm, backend, wide, context, max(1, min(rounds, 3)), (False,))
+        knots = [(max_width, by_width[-1])]
+        for w in wide:
+            knots.append((w, max(knots[-1][1], (far[(w, False)] + host) / plain[1])))
+        more = []
+        for (w0, c0), (w1, c1) in zip(knots, knots[1:]):
+            more += [c0 + (c1 - c0) * (w - w0) / (w1 - w0) for w in range(w0 + 1, w1 + 1)]
+        by_width = by_width + tuple(more)
     extra = [forward[(w, True)] - forward[(w, False)] for w in widths if (w, True) in forward]
     base = plain[1] if plain[1] > 0 else 1.0
     group = max(0.0, statistics.median(extra) / base) if extra else 0.0
@@ -173,7 +194,7 @@ def cost_drift(table: PassCosts, passes, min_passes: int = DriftRule.min_passes)
     """How far the table is off the passes really run: the largest |measured / predicted - 1| over the shapes
     with enough passes (predicted: by_width[w - 1], plus `group` where the pass had masks); None when the passes
     say nothing yet (no 1-input base, or no wider shape with enough passes)."""
-    ratios = observed_ratios(passes, len(table.by_width), min_passes)
+    ratios = observed_ratios(passes, min(len(table.by_width), DRIFT_WIDTHS), min_passes)
     if not ratios:
         return None
     return max(abs(r / (table.by_width[w - 1] + (table.group if masked else 0.0)) - 1)
