@@ -31,10 +31,6 @@ from mars.decoding.scheduler import PassStats, Scheduler, check_row
 LOG = logging.getLogger("mars.app")
 _DONE = object()  # an inbox's end: the row left without a last record (cancelled, or its visitor went)
 RATE_WINDOW_S = 10.0  # the aggregate tokens/s is over the passes of the last this many seconds
-# records a row may have waiting for its reader and still take the next pass: 1, so that a reader who takes its
-# record a moment after the pass (Python hands the interpreter over every few ms) never makes the model wait,
-# and one who stops reading (or goes) gets at most two passes more
-LOOKAHEAD = 1
 # The interpreter's switch interval while the server batches: the model thread, back from a pass's C call, waits
 # for the interpreter lock while a reader (a Gradio worker turning a record into an update) holds it, up to the
 # whole interval (5 ms by default: nearly an int8 AR pass of the default model). 0.5 ms bounds that wait.
@@ -50,6 +46,7 @@ class _Ticket:
     backend: object  # the runner factory (ModelHolder.backend) or None: the one cfg.backend names
     inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     row: object = None  # the scheduler's Row, once admitted
+    wants: bool = False  # its reader waits for the next record: the row may take the next pass
     gone: bool = False  # its reader closed the stream: the row leaves (its control may be shared: a race's two rows)
 
 
@@ -65,6 +62,7 @@ class BatchServer:
         self._waiting: deque[_Ticket] = deque()
         self._schedulers: dict[tuple, Scheduler] = {}
         self._driver: threading.Thread | None = None
+        self._demand = threading.Event()  # a reader asked for its next record
         self._recent: deque[PassStats] = deque(maxlen=4096)
         self._recent_at: deque[float] = deque(maxlen=4096)
         self.passes = 0
@@ -82,7 +80,10 @@ class BatchServer:
     def _records(self, ticket: _Ticket) -> Iterator:
         try:
             while True:
+                ticket.wants = True  # asked for: a row's pass runs when its reader asks, as one pass at a time did
+                self._demand.set()
                 item = ticket.inbox.get()
+                ticket.wants = False
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -108,19 +109,21 @@ class BatchServer:
                 if not self._waiting and all(s.idle for s in self._schedulers.values()):
                     self._driver = None
                     return
+            self._demand.clear()
             try:
                 ran = self.slot.run(self._pass)
             except Exception:  # noqa: BLE001 - _pass hands each row its error; this is a bug in the loop itself
                 LOG.exception("the batching loop failed; its rows were told")
                 self._fail_all(RuntimeError("the server's batching loop failed"))
                 ran = True
-            if not ran:  # every row's reader is behind: give them the interpreter, not a pass for nobody
-                time.sleep(0.001)
+            if not ran:  # no reader has asked for a record: wait until one does, not a pass for nobody
+                self._demand.wait(0.05)
 
     def _pass(self) -> bool:
-        """On the model thread: the waiting rows join, every scheduler runs one forward, records go out. A row whose
-        reader is more than LOOKAHEAD records behind sits this pass out (the model never runs far ahead of a reader
-        who stopped reading, or went). False when no forward ran."""
+        """On the model thread: the waiting rows join, every scheduler runs one forward, records go out. A row runs
+        a pass only once its reader has asked for its next record (and taken the last), so the model never runs
+        ahead of a reader: a tau set between two reads steers the next pass, and a reader who stops reading, or
+        goes, gets no pass more; the others' passes go on meanwhile. False when no forward ran."""
         self._admit()
         ran = False
         for key, sched in list(self._schedulers.items()):
@@ -128,7 +131,7 @@ class BatchServer:
                 row.tag.inbox.put(_DONE)
             if sched.idle:
                 continue
-            hold = {r.index for r in sched.rows if r.tag.inbox.qsize() > LOOKAHEAD}
+            hold = {r.index for r in sched.rows if not r.tag.wants or not r.tag.inbox.empty()}
             if len(hold) == len(sched.rows) and not sched.pending:
                 continue
             tickets = {r.index: r.tag for r in sched.rows + sched.pending}  # before the finished rows leave
