@@ -445,7 +445,11 @@ def test_closing_the_stream_stops_the_decoder_and_the_next_run_is_clean(monkeypa
     stream.close()  # what Gradio does to the generator when the visitor's connection goes
     assert session.control.cancelled
     time.sleep(0.2)
-    assert calls[0] == at  # not one more pass: a row's pass runs when its reader asks (mars.app.batching)
+    time.sleep(0.2)
+    settled = calls[0]
+    assert settled - at <= 2  # the pass in flight, and one the server may run ahead of its reader (batching.LOOKAHEAD)
+    time.sleep(0.3)
+    assert calls[0] == settled  # and then not one more
     session2 = Session()
     list(run(ui, session2, max_new=20))
     assert session2.mars.token_ids == alone(lm, PROMPT, max_new=20).token_ids
@@ -475,7 +479,7 @@ def test_a_visitor_who_leaves_mid_run_frees_the_model_within_a_pass(monkeypatch)
         at = join_and_leave(demo, url, "ui_generate", [PROMPT, 0.9, 4, 400, "prob", False, MARS, None], calls)
         assert at >= 8
         time.sleep(1.5)  # 30 passes' worth at 50 ms a pass
-        assert calls[0] - at <= 1
+        assert calls[0] - at <= 2  # the pass in flight, and one the server may run ahead (batching.LOOKAHEAD)
         text, _ = client_for(url).predict(PROMPT, 0.9, 4, 10, api_name="/generate")  # next run starts cleanly
         assert calls[0] - at > 1 and text
     finally:
@@ -494,7 +498,7 @@ def test_an_api_caller_who_leaves_frees_the_model_within_a_pass(monkeypatch):
         time.sleep(1.5)  # 30 passes' worth at 50 ms a pass
         # the endpoint sends an update at most every MARS_TEXT_EVERY_S (0.1 s: two passes here), and Gradio learns
         # of the hang-up at the next one: the run stops within that, plus the pass in flight
-        assert calls[0] - at <= 1 + math.ceil(settings.get().text_every_s / 0.05)
+        assert calls[0] - at <= 2 + math.ceil(settings.get().text_every_s / 0.05)  # + batching.LOOKAHEAD
         t0 = time.perf_counter()
         text, trace = client_for(url).predict(PROMPT, 0.9, 4, 10, api_name="/generate")
         assert text and trace["passes"] >= 1 and calls[0] - at > 1

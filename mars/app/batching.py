@@ -17,11 +17,13 @@ tokens/s): the page's live line, no visitor's text. MARS_BATCHING=0 keeps one pa
 
 from __future__ import annotations
 
+import atexit
 import logging
 import queue
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -31,10 +33,22 @@ from mars.decoding.scheduler import PassStats, Scheduler, check_row
 LOG = logging.getLogger("mars.app")
 _DONE = object()  # an inbox's end: the row left without a last record (cancelled, or its visitor went)
 RATE_WINDOW_S = 10.0  # the aggregate tokens/s is over the passes of the last this many seconds
+# records a row may have waiting for its reader and still take the next pass. 1: a reader takes its record a
+# moment after the pass that made it (a Gradio worker, turning the last one into an update), and a room whose
+# rows waited for that ran half its rows a pass (16 clients 263 -> 133 tokens/s with 0). So a row runs at most
+# one pass ahead of its reader: a tau set between two reads steers the pass after next at the latest, and a
+# reader who stops reading, or goes, gets at most two passes more
+LOOKAHEAD = 1
 # The interpreter's switch interval while the server batches: the model thread, back from a pass's C call, waits
 # for the interpreter lock while a reader (a Gradio worker turning a record into an update) holds it, up to the
 # whole interval (5 ms by default: nearly an int8 AR pass of the default model). 0.5 ms bounds that wait.
 SWITCH_INTERVAL_S = 0.0005
+
+
+def _close_at_exit(ref):
+    server = ref()
+    if server is not None:
+        server._close()
 
 
 @dataclass
@@ -46,7 +60,6 @@ class _Ticket:
     backend: object  # the runner factory (ModelHolder.backend) or None: the one cfg.backend names
     inbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
     row: object = None  # the scheduler's Row, once admitted
-    wants: bool = False  # its reader waits for the next record: the row may take the next pass
     gone: bool = False  # its reader closed the stream: the row leaves (its control may be shared: a race's two rows)
 
 
@@ -62,7 +75,10 @@ class BatchServer:
         self._waiting: deque[_Ticket] = deque()
         self._schedulers: dict[tuple, Scheduler] = {}
         self._driver: threading.Thread | None = None
-        self._demand = threading.Event()  # a reader asked for its next record
+        # set when a pass may have work again: a reader took a record (its row may be ready), a row came or went
+        self._wake = threading.Event()
+        self._closing = False  # the interpreter is exiting: no pass starts (a pass cut off in C aborts the process)
+        atexit.register(_close_at_exit, weakref.ref(self))  # a weak one: a test's many servers are not kept
         self._recent: deque[PassStats] = deque(maxlen=4096)
         self._recent_at: deque[float] = deque(maxlen=4096)
         self.passes = 0
@@ -75,15 +91,14 @@ class BatchServer:
         with self._lock:
             self._waiting.append(ticket)
             self._ensure_driver()
+        self._wake.set()
         return self._records(ticket)
 
     def _records(self, ticket: _Ticket) -> Iterator:
         try:
             while True:
-                ticket.wants = True  # asked for: a row's pass runs when its reader asks, as one pass at a time did
-                self._demand.set()
                 item = ticket.inbox.get()
-                ticket.wants = False
+                self._wake.set()
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -95,6 +110,7 @@ class BatchServer:
             ticket.gone = True
             if ticket.row is not None:
                 ticket.row.departed = True
+            self._wake.set()
 
     # ------------------------------------------------------------------------------------------- the loop
     def _ensure_driver(self):
@@ -106,24 +122,23 @@ class BatchServer:
         """Pass after pass while any row runs or waits; then the thread ends (the next submit starts another)."""
         while True:
             with self._lock:
-                if not self._waiting and all(s.idle for s in self._schedulers.values()):
+                if self._closing or not self._waiting and all(s.idle for s in self._schedulers.values()):
                     self._driver = None
                     return
-            self._demand.clear()
+            self._wake.clear()
             try:
                 ran = self.slot.run(self._pass)
             except Exception:  # noqa: BLE001 - _pass hands each row its error; this is a bug in the loop itself
                 LOG.exception("the batching loop failed; its rows were told")
                 self._fail_all(RuntimeError("the server's batching loop failed"))
                 ran = True
-            if not ran:  # no reader has asked for a record: wait until one does, not a pass for nobody
-                self._demand.wait(0.05)
+            if not ran:  # every row's reader is behind: wait until one takes a record (or a row comes or goes)
+                self._wake.wait()
 
     def _pass(self) -> bool:
-        """On the model thread: the waiting rows join, every scheduler runs one forward, records go out. A row runs
-        a pass only once its reader has asked for its next record (and taken the last), so the model never runs
-        ahead of a reader: a tau set between two reads steers the next pass, and a reader who stops reading, or
-        goes, gets no pass more; the others' passes go on meanwhile. False when no forward ran."""
+        """On the model thread: the waiting rows join, every scheduler runs one forward, records go out. A row whose
+        reader is more than LOOKAHEAD records behind sits this pass out (the model never runs far ahead of a reader
+        who stopped reading, or went); the others' passes go on. False when no forward ran."""
         self._admit()
         ran = False
         for key, sched in list(self._schedulers.items()):
@@ -131,7 +146,7 @@ class BatchServer:
                 row.tag.inbox.put(_DONE)
             if sched.idle:
                 continue
-            hold = {r.index for r in sched.rows if not r.tag.wants or not r.tag.inbox.empty()}
+            hold = {r.index for r in sched.rows if r.tag.inbox.qsize() > LOOKAHEAD}
             if len(hold) == len(sched.rows) and not sched.pending:
                 continue
             tickets = {r.index: r.tag for r in sched.rows + sched.pending}  # before the finished rows leave
@@ -176,6 +191,10 @@ class BatchServer:
             # schedulers of a model no longer served, and empty, go (their cache with them)
             for key in [k for k, s in self._schedulers.items() if s.idle]:
                 del self._schedulers[key]
+
+    def _close(self):
+        self._closing = True
+        self._wake.set()
 
     def _fail_all(self, error: Exception):
         with self._lock:
