@@ -259,3 +259,27 @@ def test_passes_of_more_rows_than_one_c_call_takes_go_in_pieces_and_equal_solo()
     for i, (kw, _) in enumerate(room):
         cfg = DecodeConfig(**kw, max_new_tokens=24, backend="fast-int8")
         assert out[i] == solo(lm, encode_prompt(lm.tokenizer, PROMPTS[i % len(PROMPTS)]), cfg), i
+
+
+@pytest.mark.parametrize("backend", ["hf", "fast", "fast-int8"])
+def test_a_pass_where_no_row_plans_still_feeds_a_prompt_chunk(tiny_lm, backend):
+    """Every decoding row held (their readers behind: mars.app.batching) while a long prompt goes in chunks: the
+    pass reads no logits a row asked for, runs all the same, and changes nobody's tokens."""
+    lm = tiny.make_loaded(dtype=torch.float32) if backend == "fast-int8" else tiny_lm
+    long_ids = encode_prompt(lm.tokenizer, " ".join(["the old man said that the boy was in the house"] * 6))
+    cfg = DecodeConfig(mode="mars", tau=0.6, block_size=4, max_new_tokens=16, backend=backend)
+    s = Scheduler(lm, backend, prefill_chunk=8)
+    short = [encode_prompt(lm.tokenizer, p) for p in PROMPTS[:2]]
+    rows = [s.add(p, cfg, DecodeControl()) for p in short]
+    got = {0: [], 1: [], 2: []}
+    for rec in s.step():
+        got[rec.row].extend(rec.token_ids)
+    late = s.add(long_ids, cfg, DecodeControl())
+    for _ in range(3):  # the two decoding rows held: passes of the chunked prompt alone
+        assert s.step(hold={r.index for r in rows}) == []
+    assert late.n_cached > 0 and not late.decoding
+    while not s.idle:
+        for rec in s.step():
+            got[rec.row].extend(rec.token_ids)
+    for i, p in enumerate(short + [long_ids]):
+        assert got[i] == solo(lm, p, cfg), i

@@ -297,7 +297,9 @@ class Scheduler:
         # 1. propose: one window per slot (a free slot's is empty), right-aligned in the pass's input, one forward
         windows = [_window(r, p, mask_id, lim) if r is not None else _NOTHING for r, p, lim in zip(slots, plans, limits)]
         ids, pos, local, starts = _stack_windows(windows, self.pad_id)
-        keep = sorted({o + k for w, o in zip(windows, starts) for k in w.reads})
+        # the logits read; a pass where no row plans (its readers are behind, a prompt goes in chunks) reads one
+        # all the same, the last column, which every backend can give (it commits the prompt's chunk)
+        keep = sorted({o + k for w, o in zip(windows, starts) for k in w.reads}) or [ids.shape[1] - 1]
         padding = torch.arange(ids.shape[1])[None, :] < torch.tensor(starts)[:, None]  # (b, W): nobody reads these
         logits = cache.forward(ids, pos, local, keep, padding)  # (b, len(keep), V) float32
         at = {k: j for j, k in enumerate(keep)}
