@@ -2,8 +2,8 @@
 server; their aggregate tokens/s against the same rows one at a time, whether each row's tokens equal its solo
 run, and the process's peak RSS (issue 53, items 4 and 9).
 
-    python -m benchmarks.room --rows 32 --max-new-tokens 512 --prompt-tokens 512 --solo 0   # RSS at the cap,
-                                                                                          # 1,024-token rows
+    python -m benchmarks.room --rows 32 --max-new-tokens 512 --prompt-tokens 512 --solo 0 --no-eos   # RSS at
+                                                                                      # the cap, 1,024-token rows
     python -m benchmarks.room --rows 8 --device cuda --backend static                      # the GPU check's line
 
 Rows are held-out prompts (data/prompts/heldout.jsonl) at the app's lossless setting on this device (verified,
@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None, help="a model folder or Hub id (default: the embedded one, with its adapter)")
     ap.add_argument("--solo", type=int, default=4, help="rows also run alone, to compare (0: none)")
     ap.add_argument("--profile", type=int, default=0, help="print the room's N costliest functions (cProfile)")
+    ap.add_argument("--no-eos", action="store_true", help="rows run to --max-new-tokens (memory at full length)")
     args = ap.parse_args(argv)
     if not 1 <= args.rows <= 256:
         ap.error("--rows must be in [1, 256]")
@@ -72,11 +73,16 @@ def main(argv=None) -> int:
         if args.mode == "ar":
             kw |= dict(tau=1.0, block_size=1)
         cfg = DecodeConfig(**kw)
+    if args.no_eos:
+        lm.model.generation_config.eos_token_id = []  # no EOS: the decoder reads its EOS ids from here
     prompts = []
     for text in heldout_prompts(args.rows):
         ids = encode_prompt(lm.tokenizer, text)
-        if args.prompt_tokens:
-            ids = (ids * (args.prompt_tokens // len(ids) + 1))[: args.prompt_tokens]
+        if args.prompt_tokens:  # the question said again and again, inside one chat turn, to that many tokens
+            k = 1
+            while len(ids) < args.prompt_tokens:
+                k += 1
+                ids = encode_prompt(lm.tokenizer, " ".join([text] * k))
         prompts.append(ids)
     from dataclasses import replace as _replace
 
