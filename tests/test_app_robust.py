@@ -26,7 +26,7 @@ from conftest import serve
 from mars.app import serving
 from mars.app.serving import default_provider
 from mars.app.session import Session
-from mars.app.inputs import VERIFIED_CPU_BLOCK, app_backend, check_prompt, make_config, mode_block, sanitize_text
+from mars.app.inputs import VERIFIED_CPU_BLOCK, app_backend, app_tree_nodes, check_prompt, make_config, mode_block, sanitize_text
 from mars.decoding.decoder import DecodeConfig, encode_prompt, generate_ids
 from mars.models.loading import LoadError
 from tiny import make_loaded, save_tiny
@@ -783,3 +783,11 @@ def test_a_load_in_its_own_thread_sees_the_callers_context_and_raises_its_errors
     assert seen == ("event-1", "mars-load")
     with pytest.raises(LoadError, match="nope"):
         in_own_thread(lambda: (_ for _ in ()).throw(LoadError("nope")))
+
+
+@pytest.mark.parametrize("value", ["x", -1, 10 ** 9, [4], 2.5])
+def test_the_verified_apis_tree_nodes_are_checked_and_empty_means_the_pages(ui, value):
+    with pytest.raises(gr.Error, match="tree nodes must be a whole number"):
+        list(ui.api_generate_verified(PROMPT, None, 8, 0.0, value))
+    *_, (_, trace) = ui.api_generate_verified(PROMPT, None, 8, 0.0, None)  # still serving; empty: the page's tree
+    assert trace["settings"]["tree_nodes"] == app_tree_nodes()
