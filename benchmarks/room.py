@@ -43,6 +43,8 @@ def main(argv=None) -> int:
     if not 1 <= args.rows <= 256:
         ap.error("--rows must be in [1, 256]")
 
+    from dataclasses import replace
+
     import torch
 
     torch.set_num_threads(args.threads)
@@ -58,10 +60,7 @@ def main(argv=None) -> int:
     lm = load(args.model, device=args.device) if args.model else load(device=args.device)
     backend = resolve_backend(lm.model, args.backend)
     on_cpu = args.device == "cpu"
-    kw = dict(mode=args.mode, max_new_tokens=args.max_new_tokens, backend=backend)
     if args.mode == "verified":  # the app's own lossless setting: its B and tree, the datastore, this machine's costs
-        from dataclasses import replace
-
         from mars.app.inputs import app_datastore, app_pass_costs, fit_to_model, make_config
 
         app_datastore(lm)
@@ -70,9 +69,8 @@ def main(argv=None) -> int:
                                               top_k=0, backend=backend, tree_nodes=default_tree_nodes(args.device)))
         cfg = replace(cfg, max_new_tokens=args.max_new_tokens)
     else:
-        if args.mode == "ar":
-            kw |= dict(tau=1.0, block_size=1)
-        cfg = DecodeConfig(**kw)
+        cfg = DecodeConfig(mode=args.mode, max_new_tokens=args.max_new_tokens, backend=backend,
+                           **(dict(tau=1.0, block_size=1) if args.mode == "ar" else {}))
     if args.no_eos:
         lm.model.generation_config.eos_token_id = []  # no EOS: the decoder reads its EOS ids from here
     prompts = []
@@ -84,9 +82,7 @@ def main(argv=None) -> int:
                 k += 1
                 ids = encode_prompt(lm.tokenizer, " ".join([text] * k))
         prompts.append(ids)
-    from dataclasses import replace as _replace
-
-    generate_ids(lm, [prompts[0][:8]], _replace(cfg, max_new_tokens=4))  # warm the kernels
+    generate_ids(lm, [prompts[0][:8]], replace(cfg, max_new_tokens=4))  # warm the kernels
     print(f"room: {args.rows} rows of {args.mode} ({backend}, {args.device}), prompts "
           f"{min(map(len, prompts))}-{max(map(len, prompts))} tokens, {args.max_new_tokens} new each; "
           f"model ready in {time.perf_counter() - t0:.1f} s, RSS {peak_rss_mb():.0f} MB", flush=True)
@@ -94,7 +90,7 @@ def main(argv=None) -> int:
     sched = Scheduler(lm, backend)
     got: dict[int, list[int]] = {}
     widest, longest, passes = 0, 0, 0
-    row_passes, inputs, forward_s = 0, 0, 0.0
+    row_passes, inputs = 0, 0
     t0 = time.perf_counter()
     waiting = list(enumerate(prompts))
     if args.profile:

@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from mars.decoding.scheduler import PassStats, Scheduler, check_row
+from mars.decoding.scheduler import PassStats, Scheduler, check_rows
 
 LOG = logging.getLogger("mars.app")
 _DONE = object()  # an inbox's end: the row left without a last record (cancelled, or its visitor went)
@@ -176,7 +176,7 @@ class BatchServer:
                     ticket.inbox.put(_DONE)
                     continue
                 try:
-                    check_row(ticket.lm, ticket.prompt_ids, ticket.cfg)
+                    check_rows(ticket.lm, [ticket.prompt_ids], ticket.cfg)
                     key = (id(ticket.lm), ticket.cfg.backend, ticket.cfg.use_cache, id(ticket.backend))
                     sched = self._schedulers.get(key)
                     if sched is None or sched.lm is not ticket.lm:

@@ -97,8 +97,8 @@ class PassCosts:
     group: float
 
 
-WIDE_WIDTHS = (16, 32, 64, 128)
-DRIFT_WIDTHS = 8  # the passes that check a table: a tree's own (a row alone); a prompt's long pass is no step  # wide passes measured too: a room's shared pass (mars.decoding.scheduler)
+WIDE_WIDTHS = (16, 32, 64, 128)  # wide passes measured too: a room's shared pass (mars.decoding.scheduler)
+DRIFT_WIDTHS = 8  # the passes that check a table: a tree's own (a row alone); a prompt's long pass is no step
 
 
 def measure_pass_costs(lm, backend: str, max_width: int = 8, context: int = 128, rounds: int = 5,

@@ -51,8 +51,8 @@ from mars.decoding.acceptance import CONFIDENCE_MEASURES, is_finite_number
 from mars.runtime.backends import BACKENDS
 from mars.decoding.modes import DRAFT_SOURCES, MODES, VERIFY_GROUPS, RowPlan  # noqa: F401 - RowPlan: modes written outside mars
 from mars.decoding.records import PassRecord, RunRecord
-from mars.decoding.scheduler import (Scheduler, check_context, context_needed,  # noqa: F401 - re-exported
-                                     make_runner)
+from mars.decoding.scheduler import (Scheduler, check_context, check_rows,  # noqa: F401 - re-exported
+                                     context_needed, make_runner)
 
 # The library's caps and defaults, named once. A server may cap lower (the app's block-size slider), but
 # says so with its own named cap and these same checkers, not a second set of rules.
@@ -257,13 +257,8 @@ def decode_steps(
     backend: what runs the model, `backend(model, cfg, batch, capacity) -> runner` (the verbs of
     mars.runtime.backends); default `make_runner`, the backend cfg.backend names. mode: the mode object
     (mars.decoding.modes) every row shares; default one make_mode(cfg, lm) per row."""
-    needs_masks = cfg.mode == "mars" or (cfg.mode == "verified" and cfg.drafts != "lookup")
-    if needs_masks and lm.mask_token_id is None:
-        raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
+    check_rows(lm, prompts, cfg)
     P = max(len(p) for p in prompts)
-    check_context(lm.model, P, cfg)
     if cfg.backend == "static-device":  # the whole step on the device, read once per cfg.steps_per_read steps
         if mode is not None:
             raise ValueError("backend 'static-device' runs its own modes (mars.decoding.device_step): pass no mode")

@@ -67,18 +67,16 @@ def check_context(model, prompt_tokens: int, cfg) -> None:
         )
 
 
-def check_row(lm, prompt: list[int], cfg) -> None:
-    """What a row needs before it may join: a mask token for the modes that draft from masks, a prompt, room
-    in the model's context, and a backend that runs pass by pass (static-device runs whole steps on the device:
-    mars.decoding.device_loop, one run at a time)."""
+def check_rows(lm, prompts: list[list[int]], cfg) -> None:
+    """What rows of `cfg` need before they may run: a mask token for the modes that draft from masks, a token in
+    every prompt, room in the model's context for the longest. The fixed batch (decoder.decode_steps) and the
+    app's admission (mars.app.batching) both ask here."""
     needs_masks = cfg.mode == "mars" or (cfg.mode == "verified" and cfg.drafts != "lookup")
     if needs_masks and lm.mask_token_id is None:
         raise ValueError(f"this model has no mask token: use mode 'ar', or give a mask token to use {cfg.mode}")
-    if len(prompt) == 0:
+    if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
-    check_context(lm.model, len(prompt), cfg)
-    if cfg.backend == "static-device":
-        raise ValueError("backend 'static-device' decodes one run at a time on the device: it does not share passes")
+    check_context(lm.model, max(len(p) for p in prompts), cfg)
 
 
 class Row(RowText):
@@ -179,6 +177,8 @@ class Scheduler:
         """A new row for `prompt` (token ids) with its own config and control; it joins at the next pass."""
         if not self.accepts(cfg):
             raise ValueError(f"a row of backend {cfg.backend!r} cannot join a scheduler of {self.backend_name!r}")
+        if cfg.backend == "static-device":  # whole steps on the device, one run at a time (mars.decoding.device_loop)
+            raise ValueError("backend 'static-device' decodes one run at a time on the device: it does not share passes")
         if not prompt:
             raise ValueError("every prompt needs at least one token")
         index = self._next_index if index is None else index

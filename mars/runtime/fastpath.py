@@ -96,6 +96,17 @@ class _Layer:
         self.qkv, self.o, self.gate_up, self.down = (lin(groups[g], g) for g in ("qkv", "o", "gate_up", "down"))
 
 
+def pack_columns(bufs, order: torch.Tensor, length: int):
+    """In place, for each KV buffer (layers, batch, kv_heads, columns, head_dim): batch row r's columns order[r]
+    (order: (b, n) long, into its first `length` columns) become its columns [0, n); rows past b are left as they
+    are. The fast cache's and the static one's packing (mars.decoding.cache.BlockCache.compact)."""
+    b, n = order.shape
+    with torch.inference_mode():  # the caches' tensors are the forward's (inference tensors)
+        for buf in bufs:
+            idx = order.to(buf.device)[None, :, None, :, None].expand(buf.shape[0], b, buf.shape[2], n, buf.shape[4])
+            buf[:, :b, :, :n] = buf[:, :b, :, :length].gather(3, idx)
+
+
 class KVCache:
     """Keys and values of every layer, preallocated: k, v (layers, b, kv_heads, capacity, head_dim).
 
@@ -146,21 +157,15 @@ class KVCache:
             setattr(self, name, new)
 
     def add_rows(self, n: int):
-        """n rows at the end of the batch, zeros: a hole is never attended, but its weight 0 times stale NaN would still be NaN."""
+        """n rows at the end of the batch, zeros: a hole is never attended, but 0 times stale NaN is still NaN."""
         for name in ("k", "v"):
             old = getattr(self, name)
             setattr(self, name, torch.cat([old, old.new_zeros((old.shape[0], n) + old.shape[2:])], dim=1))
 
     def compact(self, order: torch.Tensor):
         """Row r keeps its valid columns order[r] (b, n), in that order, as columns [0, n)."""
-        b, n = order.shape
-        idx = order.to(self.k.device)[None, :, None, :, None].expand(self.k.shape[0], b, self.k.shape[2], n,
-                                                                      self.k.shape[4])
-        with torch.inference_mode():  # the cache's tensors are the forward's (inference tensors)
-            for name in ("k", "v"):
-                buf = getattr(self, name)
-                buf[:, :, :, :n] = buf[:, :, :, : self.length].gather(3, idx)
-        self.length = n
+        pack_columns((self.k, self.v), order, self.length)
+        self.length = order.shape[1]
 
     def gather(self, cols: list[int]):
         """Keep the valid columns `cols`, in this order, as columns [0, len(cols)) (the rest go). A row's

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from mars import settings
-from mars.runtime.fastpath import built, fast_model
+from mars.runtime.fastpath import built, fast_model, pack_columns
 from mars.runtime.linear import rms_norm
 from mars.runtime.scoring import C_SCORING
 from mars.runtime.attention import additive_mask
@@ -304,12 +304,8 @@ class StaticBackend:
         """Row r keeps its columns order[r] (b, n), in that order, as its first n (in place: graphs hold the
         buffers' addresses)."""
         st = self.state
-        b, n = order.shape
-        idx = order.to(st.k.device)[None, :, None, :, None].expand(st.k.shape[0], b, st.k.shape[2], n, st.k.shape[4])
-        with torch.inference_mode():
-            for buf in (st.k, st.v):
-                buf[:, :b, :, :n] = buf[:, :b, :, : st.length].gather(3, idx)
-        st.length = n
+        pack_columns((st.k, st.v), order, st.length)
+        st.length = order.shape[1]
 
     def _swap(self, new: StaticState):
         self._finalizer.detach()
